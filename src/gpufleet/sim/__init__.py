@@ -1,0 +1,1 @@
+"""The GPU simulator: fixtures, the NVML library built from C, failure injection."""
