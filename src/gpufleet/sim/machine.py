@@ -1,0 +1,508 @@
+"""Fixtures → sim roots: expand a compact YAML machine description into what the simulator reads.
+
+A *sim root* holds `machine.json` (fully expanded, read by the C library), `control` and `events`
+(failure injection), `lib/` (the built `libnvidia-ml.so.1`), `bin/nvidia-smi` and `host/`, a view of
+the host filesystem (`/sys`, `/proc`, `/dev`) that discovery reads instead of `/`.
+See docs/simulator.md for the contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
+SCHEMA = 1
+
+# nvmlDeviceArchitecture_t / nvmlBrandType_t values from nvml.h.
+ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+                 "hopper": 9}
+BRANDS = {"quadro": 1, "tesla": 2, "nvs": 3, "geforce": 5, "titan": 6, "nvidia_rtx": 13, "nvidia": 14}
+
+# nvmlGpuTopologyLevel_t.
+TOPO_INTERNAL, TOPO_SINGLE, TOPO_MULTIPLE, TOPO_HOSTBRIDGE, TOPO_NODE, TOPO_SYSTEM = 0, 10, 20, 30, 40, 50
+
+# nvmlEventType* bits: single/double-bit ECC, P-state, XID, clock; MIG config change on MIG GPUs.
+EVENT_SBE, EVENT_DBE, EVENT_PSTATE, EVENT_XID, EVENT_CLOCK, EVENT_MIG = 0x1, 0x2, 0x4, 0x8, 0x10, 0x100
+
+NVLINK_DEVICE_TYPE_SWITCH = 2
+NVIDIA_VENDOR = 0x10DE
+MIB = 1 << 20
+
+DEFAULT_DRIVER = "535.261.03"
+DEFAULT_CUDA = 12020  # CUDA 12.2, what a 535 driver reports
+DEFAULT_KERNEL = "6.1.0-31-amd64"  # Debian 12's kernel, which the 535 packages are built for
+
+# Char-device majors. 195 is the NVIDIA driver's fixed major; nvidia-uvm and nvidia-nvswitch get
+# dynamic majors on real hosts, these are typical values.
+NVIDIA_MAJOR, UVM_MAJOR, NVSWITCH_MAJOR = 195, 510, 509
+
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+DRIVER_BUILD_DATE = "Wed Jul 16 03:47:41 UTC 2025"
+
+
+class FixtureError(ValueError):
+    """A fixture name that does not exist, or a fixture file that does not describe a machine."""
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+def fixture_names() -> list[str]:
+    """Names of the bundled fixtures, sorted."""
+    return sorted(p.stem for p in FIXTURE_DIR.glob("*.yaml"))
+
+
+def fixture_path(fixture: str | os.PathLike[str]) -> Path:
+    """Resolve a bundled fixture name or a path to a YAML file."""
+    p = Path(fixture)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    candidate = FIXTURE_DIR / f"{fixture}.yaml"
+    if not candidate.is_file():
+        raise FixtureError(f"unknown fixture {str(fixture)!r}; known: {', '.join(fixture_names())}")
+    return candidate
+
+
+def load_fixture(fixture: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """Read a fixture; returns (name, parsed YAML)."""
+    path = fixture_path(fixture)
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or "gpu" not in data or "gpus" not in data:
+        raise FixtureError(f"{path}: a fixture needs 'gpu' (the model) and 'gpus' (the layout)")
+    return path.stem, data
+
+
+def fixture_description(fixture: str) -> str:
+    """The one-line `description:` of a fixture."""
+    return str(load_fixture(fixture)[1].get("description", ""))
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+
+def _digest(*parts: object) -> bytes:
+    # Derived from fixture name + position only, so every materialization of a fixture agrees.
+    return hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+
+
+def _uuid_text(raw: bytes) -> str:
+    h = raw[:16].hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def gpu_uuid(fixture: str, index: int) -> str:
+    """Deterministic `GPU-…` UUID of GPU `index` of a fixture."""
+    return "GPU-" + _uuid_text(_digest(fixture, "gpu", index))
+
+
+def gpu_serial(fixture: str, index: int) -> str:
+    """Deterministic 13-digit board serial of GPU `index` of a fixture."""
+    return "1" + str(int.from_bytes(_digest(fixture, "serial", index)[:8], "big") % 10**12).zfill(12)
+
+
+def bus_id(domain: int, bus: int, device: int = 0, function: int = 0) -> str:
+    """NVML's bus id form: 8-digit domain, upper-case hex (`00000000:07:00.0`)."""
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
+
+
+def sysfs_name(nvml_bus_id: str) -> str:
+    """sysfs's form of a bus id: 4-digit domain, lower case (`0000:07:00.0`)."""
+    dom, rest = nvml_bus_id.split(":", 1)
+    return f"{int(dom, 16):04x}:{rest.lower()}"
+
+
+def _layout(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flatten the fixture's GPU groups into one entry per GPU, in NVML index order."""
+    out: list[dict[str, Any]] = []
+    for g in groups:
+        if "buses" in g:
+            buses = list(g["buses"])
+        else:
+            buses = [g["first_bus"] + k * g.get("bus_step", 1) for k in range(g["count"])]
+        for b in buses:
+            out.append({"bus": int(b), "domain": int(g.get("domain", 0)), "numa": int(g.get("numa", 0)),
+                        "host_bridge": g.get("host_bridge"), "pcie_switch": g.get("pcie_switch")})
+    return out
+
+
+def topology_level(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """nvmlGpuTopologyLevel_t between two GPUs of a layout (same GPU → INTERNAL)."""
+    if a is b:
+        return TOPO_INTERNAL
+    if a["pcie_switch"] is not None and a["pcie_switch"] == b["pcie_switch"]:
+        return TOPO_SINGLE
+    if a["host_bridge"] is not None and a["host_bridge"] == b["host_bridge"]:
+        return TOPO_HOSTBRIDGE
+    if a["numa"] >= 0 and a["numa"] == b["numa"]:
+        return TOPO_NODE
+    return TOPO_SYSTEM
+
+
+def _numa_cpus(cpus: int, nodes: int) -> list[list[int]]:
+    # Contiguous blocks per node: enough for affinity masks; real SMT siblings interleave, nobody here cares.
+    per = cpus // nodes
+    return [[n * per, (n + 1) * per - 1] for n in range(nodes)]
+
+
+def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
+    """Expand a fixture into the full machine.json document (schema 1)."""
+    name, fx = load_fixture(fixture)
+    host = dict(fx.get("host") or {})
+    model = fx["gpu"]
+    driver = str(host.get("driver_version", DEFAULT_DRIVER))
+    kmod = str(host.get("kernel_module_version") or driver)
+    layout = _layout(fx["gpus"])
+    nvsw = fx.get("nvswitch") or {}
+    sw_buses = [int(b) for b in nvsw.get("buses", [])]
+    sw_ids = [bus_id(0, b) for b in sw_buses]
+    links_per_switch = list(nvsw.get("links_per_switch", []))
+    if len(links_per_switch) != len(sw_buses):
+        raise FixtureError(f"{name}: nvswitch.links_per_switch must have one entry per switch bus")
+    fabric = fx.get("fabric")
+    arch = ARCHITECTURES[str(model["architecture"]).lower()]
+    brand = BRANDS[str(model.get("brand", "nvidia")).lower()]
+    ecc = bool(model.get("ecc", True))
+    mig = bool(model.get("mig_capable", False))
+    events = EVENT_PSTATE | EVENT_XID | EVENT_CLOCK | (EVENT_SBE | EVENT_DBE if ecc else 0) | (
+        EVENT_MIG if mig else 0)
+    sub_vendor, sub_device = model["pci_subsystem"]
+    clocks = model.get("clocks_mhz") or {}
+    power_limit_mw = int(model.get("power_limit_w", 300)) * 1000
+    total = int(model["memory_mib"]) * MIB
+    fabric_uuid = _uuid_text(_digest(name, "fabric"))
+
+    gpus: list[dict[str, Any]] = []
+    for i, slot in enumerate(layout):
+        nvlinks = []
+        for s, n in enumerate(links_per_switch):
+            nvlinks += [{"remote_bus_id": sw_ids[s], "remote_device_type": NVLINK_DEVICE_TYPE_SWITCH}] * n
+        gpus.append({
+            "index": i,
+            "minor": i,
+            "uuid": gpu_uuid(name, i),
+            "serial": gpu_serial(name, i),
+            "name": model["name"],
+            "brand": brand,
+            "architecture": arch,
+            "cuda_cc": list(model["cuda_cc"]),
+            "bus_id": bus_id(slot["domain"], slot["bus"]),
+            "pci": {"domain": slot["domain"], "bus": slot["bus"], "device": 0,
+                    "device_id": (int(model["pci_device_id"]) << 16) | NVIDIA_VENDOR,
+                    "subsystem_id": (int(sub_device) << 16) | int(sub_vendor)},
+            "memory": {"total": total, "reserved": int(model.get("reserved_mib", 0)) * MIB, "used": 0},
+            "numa_node": slot["numa"],
+            # The GPU's *own* memory NUMA node (coherent platforms such as Grace Hopper). None on x86
+            # PCIe/SXM boxes, where real NVML answers nvmlDeviceGetNumaNodeId with NOT_SUPPORTED.
+            "gpu_numa_node": None,
+            "persistence_mode": 1,
+            "mig_mode": {"current": 0, "pending": 0} if mig else None,
+            "ecc": ecc,
+            "nvlinks": nvlinks,
+            "fabric": ({"cluster_uuid": fabric_uuid, "clique_id": int(fabric["clique_id"])}
+                       if fabric else None),
+            "board_part_number": str(model.get("board_part_number", "")),
+            "vbios_version": str(model.get("vbios_version", "")),
+            "inforom_image_version": str(model.get("inforom_image_version", "G500.0200.00.03")),
+            "power_limit_mw": power_limit_mw,
+            "power_usage_mw": power_limit_mw * 15 // 100 + 1000 * (i % 7),
+            "temperature_c": 30 + i % 6,
+            "performance_state": 0,
+            "clocks": {"graphics": 210, "sm": 210, "memory": int(clocks.get("memory", 1000)),
+                       "video": min(555, int(clocks.get("video", 555)))},
+            "max_clocks": {k: int(clocks.get(k, 1000)) for k in ("graphics", "sm", "memory", "video")},
+            "supported_events": events,
+        })
+    topology = [[topology_level(a, b) for b in layout] for a in layout]
+    cpus, nodes = int(host.get("cpus", 32)), int(host.get("numa_nodes", 1))
+    return {
+        "schema": SCHEMA,
+        "name": name,
+        "description": str(fx.get("description", "")),
+        "driver_version": driver,
+        "kernel_module_version": kmod,
+        "nvml_version": f"12.{driver}",
+        "cuda_driver_version": int(host.get("cuda_driver_version", DEFAULT_CUDA)),
+        "fabricmanager_required": bool(sw_buses),
+        "host": {
+            "kernel_release": str(host.get("kernel_release", DEFAULT_KERNEL)),
+            "driver_loaded": bool(host.get("driver_loaded", True)),
+            "nouveau_loaded": bool(host.get("nouveau_loaded", False)),
+            "secure_boot": host.get("secure_boot"),
+            "hypervisor": host.get("hypervisor"),
+            "dmi": dict(host.get("dmi") or {}),
+            "cpus": cpus,
+            "numa_nodes": nodes,
+            "fabricmanager": host.get("fabricmanager", "running" if sw_buses else None),
+        },
+        "numa_cpus": _numa_cpus(cpus, nodes),
+        "gpus": gpus,
+        "topology": topology,
+        "nvswitches": [{"bus_id": b, "device_id": (int(nvsw["pci_device_id"]) << 16) | NVIDIA_VENDOR}
+                       for b in sw_ids],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a file via temp + rename so a concurrent reader (the C library) never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _cpulist(lo: int, hi: int) -> str:
+    return f"{lo}-{hi}" if hi > lo else str(lo)
+
+
+def _dev_node(path: Path, major: int, minor: int) -> bool:
+    """Create a char device node; fall back to an empty regular file where mknod is refused."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(path, 0o666)  # mknod's mode is filtered by the umask; the real nodes are 0666
+        return True
+    except (PermissionError, OSError):
+        path.touch()
+        return False
+
+
+def _pci_device(devices: Path, nvml_bus_id: str, *, device: int, klass: int, subsystem: tuple[int, int],
+                numa: int, cpulist: str) -> Path:
+    d = devices / sysfs_name(nvml_bus_id)
+    d.mkdir(parents=True, exist_ok=True)
+    for fname, val in (("vendor", f"0x{NVIDIA_VENDOR:04x}"), ("device", f"0x{device:04x}"),
+                       ("class", f"0x{klass:06x}"), ("subsystem_vendor", f"0x{subsystem[0]:04x}"),
+                       ("subsystem_device", f"0x{subsystem[1]:04x}"), ("numa_node", str(numa)),
+                       ("local_cpulist", cpulist)):
+        _write(d / fname, val + "\n")
+    return d
+
+
+def set_driver_files(root: Path, machine: dict[str, Any], loaded: bool) -> None:
+    """Create or remove what a loaded nvidia.ko shows in host/ (module, proc entry, driver links)."""
+    host = root / "host"
+    module = host / "sys/module/nvidia"
+    proc = host / "proc/driver/nvidia"
+    drivers = host / "sys/bus/pci/drivers/nvidia"
+    devices = host / "sys/bus/pci/devices"
+    bound = [g["bus_id"] for g in machine["gpus"]] + [s["bus_id"] for s in machine["nvswitches"]]
+    if not loaded:
+        for d in (module, proc, drivers):
+            shutil.rmtree(d, ignore_errors=True)
+        for b in bound:
+            link = devices / sysfs_name(b) / "driver"
+            if link.is_symlink():
+                link.unlink()
+        return
+    kmod = machine["kernel_module_version"]
+    _write(module / "version", kmod + "\n")
+    _write(proc / "version",
+           f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}\n"
+           "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n")
+    for g in machine["gpus"]:
+        _write(proc / "gpus" / sysfs_name(g["bus_id"]) / "information",
+               f"Model: \t\t {g['name']}\nIRQ:   \t\t 0\nGPU UUID: \t {g['uuid']}\n"
+               f"Video BIOS: \t {g['vbios_version'].lower()}\nBus Type: \t PCIe\n"
+               f"DMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n"
+               f"Bus Location: \t {sysfs_name(g['bus_id'])}\n"
+               f"Device Minor: \t {g['minor']}\nGPU Excluded:\t No\n")
+    drivers.mkdir(parents=True, exist_ok=True)
+    for b in bound:
+        link = devices / sysfs_name(b) / "driver"
+        if not link.is_symlink():
+            # From sys/bus/pci/devices/<id>/ two levels up is sys/bus/pci/.
+            link.symlink_to("../../drivers/nvidia")
+        dl = drivers / sysfs_name(b)
+        if not dl.is_symlink():
+            dl.symlink_to(f"../../devices/{sysfs_name(b)}")
+
+
+def set_library_files(root: Path, present: bool, library: Path | None = None) -> None:
+    """Install or remove the simulated libnvidia-ml.so.1 under lib/ and host/usr/lib.
+
+    Removing leaves an empty `lib/libnvidia-ml.so.1`: LD_LIBRARY_PATH finds it first and dlopen fails
+    ("file too short"), so pynvml raises NVMLError_LibraryNotFound even on build machines where a real
+    libnvidia-ml1 is installed in the system library path.
+    """
+    lib = root / "lib" / "libnvidia-ml.so.1"
+    stash = root / "lib" / ".libnvidia-ml.so.1.target"
+    hostlib = root / "host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    hostlib.parent.mkdir(parents=True, exist_ok=True)
+    if present:
+        target = str(library) if library else (stash.read_text().strip() if stash.exists() else "")
+        if not target:
+            raise FileNotFoundError(f"{root}: no library recorded; run `gpufleet sim materialize` again")
+        stash.write_text(target + "\n")
+        for p in (lib, hostlib):
+            if p.exists() or p.is_symlink():
+                p.unlink()
+            p.symlink_to(target)
+        so = root / "lib" / "libnvidia-ml.so"
+        if not so.is_symlink():
+            so.symlink_to("libnvidia-ml.so.1")
+    else:
+        for p in (lib, hostlib):
+            if p.exists() or p.is_symlink():
+                p.unlink()
+        lib.touch()
+
+
+def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None, lost: set[int]) -> None:
+    """Write the whole control state (see docs/simulator.md, "control")."""
+    lines = [f"driver {'loaded' if driver_loaded else 'unloaded'}"]
+    if fabricmanager:
+        lines.append(f"fabricmanager {fabricmanager}")
+    lines += [f"gpu {i} lost" for i in sorted(lost)]
+    write_atomic(root / "control", "\n".join(lines) + "\n")
+
+
+def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
+    host = root / "host"
+    h = m["host"]
+    devices = host / "sys/bus/pci/devices"
+    cpus = m["numa_cpus"]
+    nodes = host / "sys/devices/system/node"
+    for n, (lo, hi) in enumerate(cpus):
+        _write(nodes / f"node{n}" / "cpulist", _cpulist(lo, hi) + "\n")
+    _write(nodes / "online", _cpulist(0, len(cpus) - 1) + "\n")
+    _write(host / "sys/devices/system/cpu/online", _cpulist(0, h["cpus"] - 1) + "\n")
+    for g in m["gpus"]:
+        numa = g["numa_node"]
+        cpulist = _cpulist(*cpus[numa]) if 0 <= numa < len(cpus) else _cpulist(0, h["cpus"] - 1)
+        sub = g["pci"]["subsystem_id"]
+        # 0x030200: "3D controller", how datacenter GPUs without display outputs enumerate.
+        _pci_device(devices, g["bus_id"], device=g["pci"]["device_id"] >> 16, klass=0x030200,
+                    subsystem=(sub & 0xFFFF, sub >> 16), numa=numa, cpulist=cpulist)
+    for s in m["nvswitches"]:
+        # NVSwitches are PCI bridges of class 0x068000 ("Bridge: other") bound to nvidia.ko too.
+        _pci_device(devices, s["bus_id"], device=s["device_id"] >> 16, klass=0x068000,
+                    subsystem=(NVIDIA_VENDOR, 0x1626), numa=0, cpulist=_cpulist(*cpus[0]))
+    dmi = host / "sys/class/dmi/id"
+    for k, v in h["dmi"].items():
+        _write(dmi / k, f"{v}\n")
+    if h["secure_boot"] is not None:
+        # efivarfs layout: 4 bytes of attributes (NV|BS|RT = 0x06) then the 1-byte value.
+        efivars = host / "sys/firmware/efi/efivars"
+        efivars.mkdir(parents=True, exist_ok=True)
+        value = b"\x01" if h["secure_boot"] else b"\x00"
+        (efivars / SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00" + value)
+    if h["nouveau_loaded"]:
+        _write(host / "sys/module/nouveau/initstate", "live\n")
+    flags = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse"
+    if h["hypervisor"]:
+        flags += " hypervisor"
+    cpuinfo = [f"processor\t: {c}\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n"
+               for c in range(min(h["cpus"], 4))]
+    _write(host / "proc/cpuinfo", "".join(cpuinfo))
+    _write(host / "proc/sys/kernel/osrelease", h["kernel_release"] + "\n")
+    set_driver_files(root, m, h["driver_loaded"])
+
+    dev = host / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    made = {"char": 0, "file": 0}
+
+    def node(name: str, major: int, minor: int) -> None:
+        made["char" if _dev_node(dev / name, major, minor) else "file"] += 1
+
+    for g in m["gpus"]:
+        node(f"nvidia{g['minor']}", NVIDIA_MAJOR, g["minor"])
+    node("nvidiactl", NVIDIA_MAJOR, 255)
+    node("nvidia-modeset", NVIDIA_MAJOR, 254)
+    node("nvidia-uvm", UVM_MAJOR, 0)
+    node("nvidia-uvm-tools", UVM_MAJOR, 1)
+    for i, _ in enumerate(m["nvswitches"]):
+        node(f"nvidia-nvswitch{i}", NVSWITCH_MAJOR, i)
+    if m["nvswitches"]:
+        node("nvidia-nvswitchctl", NVSWITCH_MAJOR, 255)
+    return made
+
+
+def _write_smi_wrapper(root: Path) -> None:
+    # The interpreter is baked in so the wrapper works from any PATH; the root defaults to this one.
+    script = (
+        "#!/bin/sh\n"
+        "# nvidia-smi stand-in for a gpufleet sim root: runs gpufleet-sim-smi against this root.\n"
+        f': "${{GPUFLEET_SIM_ROOT:={root}}}"\n'
+        f': "${{LD_LIBRARY_PATH:={root}/lib}}"\n'
+        "export GPUFLEET_SIM_ROOT LD_LIBRARY_PATH\n"
+        f'exec {sys.executable} -m gpufleet.sim.smi "$@"\n'
+    )
+    path = root / "bin" / "nvidia-smi"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+
+
+def materialize(fixture: str | os.PathLike[str], root: str | os.PathLike[str], *,
+                library: Path | None = None, build: bool = True) -> Path:
+    """Expand `fixture` into a fresh sim root at `root` (replacing an existing one); returns the root.
+
+    `library` is the built libnvidia-ml.so.1 to link under lib/; by default it is built (cached).
+    """
+    from gpufleet.sim import build as simbuild
+
+    root = Path(root).resolve()
+    m = expand(fixture)
+    if library is None and build:
+        library = simbuild.build_library()
+    if root.exists():
+        if not (root / "machine.json").exists() and any(root.iterdir()):
+            raise FileExistsError(f"{root} exists, is not empty and is not a sim root; not replacing it")
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    write_atomic(root / "machine.json", json.dumps(m, indent=1) + "\n")
+    h = m["host"]
+    write_control(root, driver_loaded=h["driver_loaded"], fabricmanager=h["fabricmanager"], lost=set())
+    (root / "events").write_text("")
+    if library is not None:
+        set_library_files(root, True, Path(library))
+    _write_host(root, m)
+    _write_smi_wrapper(root)
+    return root
+
+
+def load_machine(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a sim root's machine.json."""
+    path = Path(root) / "machine.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{root} is not a sim root (no machine.json)") from None
+
+
+def default_root(fixture: str) -> Path:
+    """Where `gpufleet sim env FIXTURE` puts a root: $XDG_RUNTIME_DIR or /tmp, per user and fixture."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"gpufleet-sim-{os.getuid()}" / Path(fixture).stem
+
+
+def sim_env(root: str | os.PathLike[str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that point NVML consumers at a sim root (see docs/simulator.md)."""
+    root = Path(root).resolve()
+    base = dict(os.environ if base is None else base)
+    path = base.get("PATH", os.defpath)
+    return {
+        "GPUFLEET_SIM_ROOT": str(root),
+        "LD_LIBRARY_PATH": ":".join(p for p in (str(root / "lib"), base.get("LD_LIBRARY_PATH")) if p),
+        "GPUFLEET_HOST_ROOT": str(root / "host"),
+        "PATH": f"{root / 'bin'}:{path}",
+    }

@@ -1,0 +1,150 @@
+/* Shared state of the simulated libnvidia-ml.so.1 (gpufleet GPU simulator).
+ *
+ * Compiled against NVIDIA's own nvml.h so struct layouts, enum values and symbol names are the real
+ * ones. NVML_NO_UNVERSIONED_FUNC_DEFS makes the header declare the old unversioned entry points
+ * (nvmlInit, nvmlDeviceGetCount, ...) instead of #defining them to the _v2 names: we export both. */
+#ifndef GPUFLEET_SIM_H
+#define GPUFLEET_SIM_H
+
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <sys/types.h>
+
+#define SIM_MAX_GPUS 64
+#define SIM_MAX_LINKS NVML_NVLINK_MAX_LINKS
+#define SIM_MAX_SWITCHES 16
+#define SIM_MAX_NUMA 16
+#define SIM_DEFAULT_ROOT "/etc/gpufleet-sim"
+
+/* ---- types newer than the CUDA 11.8 header; layouts follow nvidia-ml-py's ctypes structures ---- */
+
+#define SIM_GPU_FABRIC_UUID_LEN 16
+#define SIM_GPU_FABRIC_STATE_NOT_SUPPORTED 0
+#define SIM_GPU_FABRIC_STATE_NOT_STARTED 1
+#define SIM_GPU_FABRIC_STATE_IN_PROGRESS 2
+#define SIM_GPU_FABRIC_STATE_COMPLETED 3
+#define SIM_ERROR_NOT_READY 27 /* NVML_ERROR_NOT_READY, added after 11.8 */
+
+/* nvmlGpuFabricInfo_t (R535). Real headers type `state` as unsigned char, pynvml as c_uint: writing
+ * the value as a 32-bit little-endian integer satisfies both. */
+typedef struct {
+    unsigned char clusterUuid[SIM_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} simGpuFabricInfo_t;
+
+/* nvmlGpuFabricInfo_v2_t / _v3_t (the "V" call): a version word first; v3 adds healthSummary. */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[SIM_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} simGpuFabricInfoV_t;
+
+#define SIM_GPU_FABRIC_INFO_V2 0x02000024u /* sizeof v2 (36) | 2 << 24 */
+#define SIM_GPU_FABRIC_INFO_V3 0x03000028u /* sizeof v3 (40) | 3 << 24 */
+
+/* Prototypes of the newer functions we implement (no declaration in the 11.8 header). */
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, simGpuFabricInfo_t *info);
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, simGpuFabricInfoV_t *info);
+nvmlReturn_t DECLDIR nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node);
+
+/* ---- simulated machine ---- */
+
+typedef struct {
+    char remote_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    unsigned int remote_device_id; /* pciDeviceId of the far end (NVSwitch or GPU) */
+    int remote_type;               /* nvmlIntNvLinkDeviceType_t */
+} sim_link;
+
+/* The opaque nvmlDevice_t of the real header: handles point into a static array, so a handle held
+ * across nvmlShutdown/nvmlInit never dangles. */
+struct nvmlDevice_st {
+    unsigned int index, minor;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+    unsigned long long mem_total, mem_reserved, mem_used;
+    int numa_node;                 /* CPU-side NUMA node (sysfs numa_node), -1 = none */
+    int has_gpu_numa;              /* GPU memory is a NUMA node (coherent platforms) */
+    unsigned int gpu_numa_node;
+    int brand;
+    unsigned int arch;
+    int cc_major, cc_minor;
+    int persistence;
+    int has_mig;
+    unsigned int mig_current, mig_pending;
+    int ecc;
+    unsigned int nlinks;
+    sim_link links[SIM_MAX_LINKS];
+    int has_fabric;
+    unsigned char cluster_uuid[SIM_GPU_FABRIC_UUID_LEN];
+    unsigned int clique_id;
+    char board_part[NVML_DEVICE_PART_NUMBER_BUFFER_SIZE];
+    char vbios[NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE];
+    char inforom_image[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE];
+    unsigned int power_limit_mw, power_usage_mw, temperature, pstate;
+    unsigned int clocks[NVML_CLOCK_COUNT], max_clocks[NVML_CLOCK_COUNT];
+    unsigned long long supported_events;
+};
+
+typedef struct {
+    pthread_mutex_t lock;          /* guards everything below; never held while blocking */
+    int refcount;                  /* nvmlInit* minus nvmlShutdown */
+    char root[PATH_MAX];
+
+    /* machine.json */
+    unsigned int ngpus;
+    struct nvmlDevice_st gpus[SIM_MAX_GPUS];
+    unsigned char topo[SIM_MAX_GPUS][SIM_MAX_GPUS];
+    char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    char kmod_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
+    int cuda_version;
+    int fm_required;
+    int passthrough;               /* a hypervisor passes the GPUs through */
+    unsigned int nnuma;
+    int numa_cpu_lo[SIM_MAX_NUMA], numa_cpu_hi[SIM_MAX_NUMA];
+    int ncpus;
+
+    /* control file, re-read when its identity changes */
+    int ctl_valid;
+    dev_t ctl_dev;
+    ino_t ctl_ino;
+    off_t ctl_size;
+    long long ctl_mtime_ns;
+    int driver_loaded, fm_running;
+    unsigned char lost[SIM_MAX_GPUS];
+} sim_state;
+
+extern sim_state g_sim;
+
+/* Lock, check initialized + driver loaded (re-reading control): NVML_SUCCESS with the lock held, or
+ * an error with the lock released. */
+nvmlReturn_t sim_enter(void);
+/* sim_enter plus: the handle is one of ours (INVALID_ARGUMENT) and its GPU is not lost (GPU_IS_LOST). */
+nvmlReturn_t sim_enter_dev(nvmlDevice_t device);
+/* Check a second handle while the lock is held (no locking, same errors as sim_enter_dev). */
+nvmlReturn_t sim_check_dev(nvmlDevice_t device);
+/* Unlock and pass a return code through. */
+nvmlReturn_t sim_leave(nvmlReturn_t ret);
+/* Copy a string into a caller buffer of `length` bytes (INSUFFICIENT_SIZE if it does not fit). */
+nvmlReturn_t sim_copy_str(char *dst, unsigned int length, const char *src);
+/* Path of a file in the sim root. */
+void sim_path(char *out, size_t outlen, const char *name);
+
+/* Index of the GPU with this PCI bus id (any accepted form); -1 none, -2 malformed. Lock held. */
+int sim_find_bus_id(const char *text);
+
+/* Sum of `ecc-dbe GPU COUNT` lines for a GPU in the events file. */
+unsigned long long sim_events_dbe_total(unsigned int gpu);
+
+#endif
