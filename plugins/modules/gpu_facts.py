@@ -1,0 +1,293 @@
+#!/usr/bin/python
+# Copyright: gpufleet contributors
+# Apache License 2.0 (see the repository's pyproject.toml)
+"""Ansible module: NVIDIA GPU, NVSwitch, driver and host facts, with or without a driver."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Gather NVIDIA GPU, NVSwitch, driver and host facts
+version_added: "0.1.0"
+description:
+  - Discovers NVIDIA GPUs and NVSwitches on the target and returns them as the fact C(gpufleet_gpu).
+  - Before a driver is installed the facts come from sysfs (PCI vendor, device and class, NUMA node,
+    bound driver) and a table of known GPU models; C(source) is then C(sysfs).
+  - When the NVIDIA driver is loaded and the Python on the target has C(pynvml) (nvidia-ml-py), the facts
+    come from NVML (C(source=nvml)), with UUIDs, exact memory, compute capability, persistence and MIG mode,
+    NVLinks, the GPU connection matrix of C(nvidia-smi topo -m), and GPU fabric state on Hopper.
+  - Also reports what host preparation needs to know, such as whether nouveau is loaded, Secure Boot,
+    the hypervisor, and whether the kernel module and userspace driver versions differ.
+  - Never changes the target. Runs the same under check mode.
+  - GPU-facing behaviour has been tested against gpufleet's NVML simulator, not against real GPUs.
+author:
+  - gpufleet contributors
+requirements:
+  - python >= 3.8 on the target
+  - nvidia-ml-py (pynvml) on the target for NVML facts; without it the facts come from sysfs
+options:
+  host_root:
+    description:
+      - Read C(/sys), C(/proc) and C(/dev) under this directory instead of C(/), to inspect a mounted or
+        simulated host.
+      - Defaults to the E(GPUFLEET_HOST_ROOT) environment variable of the module, or C(/).
+    type: path
+  nvml:
+    description:
+      - Query NVML when it is available. With V(false) the facts always come from sysfs.
+    type: bool
+    default: true
+  topology:
+    description:
+      - Build the GPU connection matrix (one NVML query per GPU pair). Only with NVML.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    description: Can run in check mode and return the same facts.
+    support: full
+  diff_mode:
+    description: Changes nothing, so there is no diff.
+    support: none
+  facts:
+    description: Returns its result as the fact C(gpufleet_gpu).
+    support: full
+notes:
+  - NVML is reached through C(libnvidia-ml.so.1) as the dynamic loader finds it, so set E(LD_LIBRARY_PATH)
+    through the play's C(environment) when the library is not in a standard place (as on simulated hosts).
+seealso:
+  - name: NVML API reference
+    description: The library the NVML facts come from.
+    link: https://docs.nvidia.com/deploy/nvml-api/
+"""
+
+EXAMPLES = r"""
+- name: Gather GPU facts
+  gpufleet.nvidia.gpu_facts:
+
+- name: Install fabricmanager only where NVSwitches need it
+  ansible.builtin.debug:
+    msg: "{{ inventory_hostname }} needs nvidia-fabricmanager"
+  when: ansible_facts.gpufleet_gpu.fabricmanager_required
+
+- name: Gather GPU facts from sysfs only, as before a driver is installed
+  gpufleet.nvidia.gpu_facts:
+    nvml: false
+
+- name: Gather GPU facts of a simulated host
+  gpufleet.nvidia.gpu_facts:
+    host_root: /tmp/gpufleet-sim/dgx-a100/host
+  environment:
+    GPUFLEET_SIM_ROOT: /tmp/gpufleet-sim/dgx-a100
+    LD_LIBRARY_PATH: /tmp/gpufleet-sim/dgx-a100/lib
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    gpufleet_gpu:
+      description: GPU, NVSwitch, driver and host facts.
+      returned: always
+      type: dict
+      contains:
+        source:
+          description: Where the GPU facts come from, V(nvml) or V(sysfs).
+          type: str
+          sample: nvml
+        nvml_error:
+          description: Why NVML was not used (no pynvml, no library, driver not loaded, ...); null with NVML.
+          type: str
+          sample: "NVML init: Driver Not Loaded"
+        host_root:
+          description: The directory C(/sys), C(/proc) and C(/dev) were read under.
+          type: str
+          sample: /
+        gpu_count:
+          description: Number of GPUs.
+          type: int
+          sample: 8
+        gpu_models:
+          description: Number of GPUs of each model.
+          type: dict
+          sample: {"NVIDIA A100-SXM4-80GB": 8}
+        gpus:
+          description: One entry per GPU, in NVML index order (PCI bus order from sysfs).
+          type: list
+          elements: dict
+          contains:
+            index:
+              description: NVML index (from sysfs, the position in PCI bus order).
+              type: int
+              sample: 0
+            uuid:
+              description: GPU UUID; null from sysfs.
+              type: str
+              sample: GPU-6a3f0e1c-5b2d-4c8e-9f10-2b3c4d5e6f70
+            model:
+              description: Model name as NVML reports it; from sysfs, looked up by PCI device ID.
+              type: str
+              sample: NVIDIA A100-SXM4-80GB
+            memory_mib:
+              description: Total memory in MiB; from sysfs, the model's nominal size; null when unknown.
+              type: int
+              sample: 81920
+            pci_bus_id:
+              description: PCI address in sysfs form.
+              type: str
+              sample: "0000:07:00.0"
+            pci_device_id:
+              description: 16-bit PCI device ID.
+              type: str
+              sample: "0x20b2"
+            numa_node:
+              description: NUMA node of the GPU's PCI device; null where the platform gives none.
+              type: int
+              sample: 0
+            compute_capability:
+              description: CUDA compute capability.
+              type: str
+              sample: "8.0"
+            architecture:
+              description: GPU architecture.
+              type: str
+              sample: Ampere
+            kernel_driver:
+              description:
+                - Kernel driver bound to the PCI device (V(nvidia), V(vfio-pci), V(nouveau)); null if none.
+              type: str
+              sample: nvidia
+            minor:
+              description: N of C(/dev/nvidiaN); null from sysfs.
+              type: int
+              sample: 0
+            persistence_mode:
+              description: Whether persistence mode is on; null from sysfs.
+              type: bool
+              sample: true
+            mig_mode:
+              description: MIG mode (C(current), C(pending)); null where MIG is not supported or from sysfs.
+              type: dict
+              sample: {"current": false, "pending": false}
+            nvlinks:
+              description: NVLinks the GPU has.
+              type: int
+              sample: 12
+            nvlinks_active:
+              description: NVLinks that are up.
+              type: int
+              sample: 12
+            fabric_state:
+              description: NVSwitch fabric registration (Hopper and later), e.g. V(completed), V(not-started).
+              type: str
+              sample: completed
+            lost:
+              description: Whether NVML reports the GPU lost (fallen off the bus).
+              type: bool
+              sample: false
+        nvswitch_count:
+          description: NVSwitches found on the PCI bus or at the far end of NVLinks.
+          type: int
+          sample: 6
+        fabricmanager_required:
+          description: Whether the host has NVSwitches and so needs nvidia-fabricmanager.
+          type: bool
+          sample: true
+        fabric_symptoms:
+          description:
+            - Signs that nvidia-fabricmanager is not running or failed (inactive switch links, fabric state).
+          type: list
+          elements: str
+          sample: ["GPU 0: 12 of 12 NVLinks to NVSwitches inactive"]
+        driver_loaded:
+          description: Whether the nvidia kernel module is loaded (or NVML answered).
+          type: bool
+          sample: true
+        driver_version_kernel:
+          description: Version of the loaded nvidia kernel module.
+          type: str
+          sample: 535.261.03
+        driver_version_userspace:
+          description: Version of the userspace driver (libnvidia-ml) as NVML reports it.
+          type: str
+          sample: 535.261.03
+        driver_version_mismatch:
+          description: Whether kernel module and userspace driver differ (a reboot or module reload is due).
+          type: bool
+          sample: false
+        cuda_driver_version:
+          description: Highest CUDA version the driver supports.
+          type: str
+          sample: "12.2"
+        nvml_version:
+          description: NVML library version.
+          type: str
+          sample: 12.535.261.03
+        nouveau_loaded:
+          description: Whether the nouveau module is loaded (it must go before the NVIDIA driver loads).
+          type: bool
+          sample: false
+        boot_mode:
+          description: Firmware boot mode, V(uefi) or V(bios).
+          type: str
+          sample: uefi
+        secure_boot:
+          description:
+            - Whether UEFI Secure Boot is on (unsigned kernel modules will not load); null if unknown.
+          type: bool
+          sample: false
+        hypervisor:
+          description:
+            - Hypervisor the host runs under (V(vmware), V(kvm), V(qemu), V(hyperv), V(xen), V(unknown)).
+            - Null on bare metal.
+          type: str
+          sample: vmware
+        virtualized:
+          description: Whether the host is a virtual machine.
+          type: bool
+          sample: true
+        kernel_release:
+          description: Release of the running kernel.
+          type: str
+          sample: 6.1.0-28-amd64
+        device_nodes:
+          description: NVIDIA device nodes under C(/dev).
+          type: list
+          elements: str
+          sample: ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"]
+        topology:
+          description:
+            - GPU connection matrix as C(nvidia-smi topo -m) shows it; null without NVML.
+            - C(matrix[i][j]) is V(X), V(NV<n>) (NVLinks, direct or through NVSwitches), V(PIX), V(PXB),
+              V(PHB), V(NODE), V(SYS) or V(N/A), for the GPUs listed in C(gpus) by index.
+          type: dict
+          sample: {"gpus": [0, 1], "matrix": [["X", "NODE"], ["NODE", "X"]]}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu.facts import discover
+
+
+def main() -> None:
+    """Parse arguments, discover, return the facts."""
+    module = AnsibleModule(
+        argument_spec={
+            "host_root": {"type": "path"},
+            "nvml": {"type": "bool", "default": True},
+            "topology": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        facts = discover(params["host_root"], use_nvml=params["nvml"], with_topology=params["topology"])
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read the host under {params['host_root'] or '/'}: {exc}")
+    module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts.to_dict()})
+
+
+if __name__ == "__main__":
+    main()

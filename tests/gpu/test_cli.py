@@ -1,0 +1,32 @@
+"""`gpufleet gpu facts|topo` on hand-built and simulated hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from gpu_helpers import FakeHost, run_in_sim
+
+from gpufleet.cli import main
+
+
+def test_facts_summary_from_sysfs(host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+    host.pci("0000:07:00.0", 0x20B2, numa=0)
+    host.pci("0000:c4:00.0", 0x1AF1, klass=0x068000)
+    assert main(["gpu", "facts", "--host-root", str(host.root)]) == 0
+    out = capsys.readouterr().out
+    assert "source:      sysfs (NVML unavailable:" in out
+    assert "GPU 0   NVIDIA A100-SXM4-80GB" in out and "81920 MiB  0000:07:00.0  NUMA 0" in out
+    assert "NVSwitches:  1 (fabricmanager required)" in out
+
+
+def test_topo_needs_nvml(host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpu", "topo", "--host-root", str(host.root)]) == 1
+    assert "no topology: NVML is not available" in capsys.readouterr().out
+
+
+def test_topo_on_a_simulated_t4_box(sim_root: Callable[[str], Path]) -> None:
+    proc = run_in_sim(sim_root("pcie-2x-t4"), ["-m", "gpufleet.cli", "gpu", "topo"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1:3] == ["GPU0\t X \tNODE\t0-63\t0\tN/A", "GPU1\tNODE\t X \t0-63\t0\tN/A"]

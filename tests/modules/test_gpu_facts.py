@@ -1,0 +1,138 @@
+"""gpu_facts through ansible-playbook: playbooks/facts.yml on inventory/sim, every fixture at once.
+
+Two playbook runs in all (each pays Ansible's start-up): the project's facts playbook in check mode
+over every simulated host plus one without a driver, and the module's options on one host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.gpu import normalize_bus_id
+from gpufleet.sim import build as simbuild
+from gpufleet.sim import control as simcontrol
+from gpufleet.sim import machine as simmachine
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+FIXTURES = simmachine.fixture_names()
+NO_DRIVER_HOST = "sim-dgx-a100-nodriver"
+
+Run = tuple[subprocess.CompletedProcess[str], Path]
+
+
+def ensure_collection_link() -> None:
+    """The link ansible.cfg's collections_path expects (what `make bootstrap` creates)."""
+    link = REPO / ".cache/collections/ansible_collections/gpufleet/nvidia"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to("../../../..", target_is_directory=True)
+
+
+def playbook(*args: str) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook from the repository root, so ansible.cfg applies."""
+    ensure_collection_link()
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    for name in ("GPUFLEET_SIM_ROOT", "GPUFLEET_HOST_ROOT", "GPUFLEET_SIM_BASE"):
+        env.pop(name, None)  # only the inventory's settings may reach the modules
+    argv = [str(ANSIBLE_PLAYBOOK), *args]
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def sim_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every fixture materialized under one base, as inventory/sim expects, plus a driverless DGX."""
+    base = tmp_path_factory.mktemp("sim")
+    library = simbuild.build_library()
+    for fixture in FIXTURES:
+        simmachine.materialize(fixture, base / fixture, library=library)
+    simmachine.materialize("dgx-a100", base / "nodriver", library=library)
+    simcontrol.inject(base / "nodriver", ["driver", "unloaded"])
+    return base
+
+
+@pytest.fixture(scope="module")
+def facts_run(sim_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """playbooks/facts.yml in check mode on every simulated host; facts saved per host."""
+    out = tmp_path_factory.mktemp("facts")
+    extra = out / "extra-hosts.yml"
+    host = {"gpufleet_sim_root": str(sim_base / "nodriver")}
+    extra.write_text(json.dumps({"gpufleet_sim": {"hosts": {NO_DRIVER_HOST: host}}}))
+    proc = playbook(
+        "-i", "inventory/sim", "-i", str(extra), "playbooks/facts.yml", "--check",
+        "-e", f"gpufleet_sim_base={sim_base}", "-e", f"gpufleet_facts_dir={out}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc, out
+
+
+def _facts(out: Path, host: str) -> dict[str, Any]:
+    return json.loads((out / f"{host}.json").read_text())
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_facts_playbook_reports_each_simulated_machine(facts_run: Run, sim_base: Path, fixture: str) -> None:
+    proc, out = facts_run
+    machine = simmachine.load_machine(sim_base / fixture)
+    gpus = machine["gpus"]
+    facts = _facts(out, f"sim-{fixture}")
+    assert facts["source"] == "nvml"
+    assert facts["host_root"] == str(sim_base / fixture / "host")
+    assert facts["gpu_count"] == len(gpus)
+    assert [g["uuid"] for g in facts["gpus"]] == [g["uuid"] for g in gpus]
+    assert [g["model"] for g in facts["gpus"]] == [g["name"] for g in gpus]
+    assert [g["pci_bus_id"] for g in facts["gpus"]] == [normalize_bus_id(g["bus_id"]) for g in gpus]
+    assert facts["nvswitch_count"] == len(machine["nvswitches"])
+    assert facts["fabricmanager_required"] == bool(machine["nvswitches"])
+    assert facts["driver_version_kernel"] == facts["driver_version_userspace"] == machine["driver_version"]
+    assert facts["hypervisor"] == ("vmware" if fixture.startswith("esxi") else None)
+    assert len(facts["topology"]["matrix"]) == len(gpus)
+    assert f"{len(gpus)} GPU(s): {len(gpus)} x {gpus[0]['name']}" in proc.stdout
+
+
+def test_facts_playbook_topology_for_dgx_and_t4_box(facts_run: Run) -> None:
+    _, out = facts_run
+    dgx = _facts(out, "sim-dgx-a100")["topology"]["matrix"]
+    assert dgx == [["X" if i == j else "NV12" for j in range(8)] for i in range(8)]
+    assert _facts(out, "sim-pcie-2x-t4")["topology"]["matrix"] == [["X", "NODE"], ["NODE", "X"]]
+
+
+def test_without_driver_the_facts_come_from_sysfs(facts_run: Run) -> None:
+    proc, out = facts_run
+    facts = _facts(out, NO_DRIVER_HOST)
+    assert facts["source"] == "sysfs"
+    assert "Driver Not Loaded" in facts["nvml_error"]
+    assert not facts["driver_loaded"] and facts["driver_version_kernel"] is None
+    assert facts["gpu_count"] == 8 and facts["gpu_models"] == {"NVIDIA A100-SXM4-80GB": 8}
+    assert all(g["uuid"] is None and g["memory_mib"] == 81920 for g in facts["gpus"])
+    assert facts["nvswitch_count"] == 6 and facts["fabricmanager_required"]
+    assert facts["topology"] is None
+    assert "driver: not loaded" in proc.stdout
+
+
+def test_module_options_and_check_mode(sim_base: Path, tmp_path: Path) -> None:
+    proc = playbook(
+        "-i", "inventory/sim", "tests/modules/gpu_facts_options.yml", "--limit", "sim-hgx-h100",
+        "-e", f"gpufleet_sim_base={sim_base}", "-e", f"out_dir={tmp_path}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "sim-hgx-h100.json").read_text())
+    nvml = results["nvml"]["ansible_facts"]["gpufleet_gpu"]
+    assert not results["nvml"]["changed"]
+    assert nvml["source"] == "nvml" and {g["fabric_state"] for g in nvml["gpus"]} == {"completed"}
+    checked = results["check_mode"]
+    assert not checked["changed"] and checked["ansible_facts"]["gpufleet_gpu"] == nvml
+    sysfs = results["sysfs_only"]["ansible_facts"]["gpufleet_gpu"]
+    assert sysfs["source"] == "sysfs" and sysfs["nvml_error"] is None
+    assert sysfs["driver_loaded"] and sysfs["driver_version_kernel"] == nvml["driver_version_kernel"]
+    explicit = results["explicit_root"]["ansible_facts"]["gpufleet_gpu"]
+    assert explicit["host_root"] == str(sim_base / "hgx-h100" / "host")
+    assert explicit["source"] == "nvml" and explicit["topology"] is None
+    assert [g["numa_node"] for g in explicit["gpus"]] == [g["numa_node"] for g in nvml["gpus"]]
