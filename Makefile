@@ -8,8 +8,10 @@ bootstrap:
 	@scripts/bootstrap
 
 ## The main job on the embedded default: the simulated lab fleet.
+SIM_FIXTURES := dgx-a100 hgx-h100 pcie-2x-t4 esxi-vm-2x-v100 node-40-gpus
 lab: bootstrap
-	$(VENV)/gpufleet lab run
+	@for f in $(SIM_FIXTURES); do $(VENV)/gpufleet sim materialize $$f .lab/sim/$$f >/dev/null || exit 1; done
+	$(VENV)/ansible-playbook -i inventory/sim site.yml
 
 ## Everything CI runs: linters, then the whole test suite.
 test: bootstrap lint

@@ -443,7 +443,8 @@ def _write_smi_wrapper(root: Path) -> None:
         "# nvidia-smi stand-in for a gpufleet sim root: runs gpufleet-sim-smi against this root.\n"
         f': "${{GPUFLEET_SIM_ROOT:={root}}}"\n'
         f': "${{LD_LIBRARY_PATH:={root}/lib}}"\n'
-        "export GPUFLEET_SIM_ROOT LD_LIBRARY_PATH\n"
+        f': "${{GPUFLEET_HOST_ROOT:={root}/host}}"\n'
+        "export GPUFLEET_SIM_ROOT LD_LIBRARY_PATH GPUFLEET_HOST_ROOT\n"
         f'exec {sys.executable} -m gpufleet.sim.smi "$@"\n'
     )
     path = root / "bin" / "nvidia-smi"
