@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from gpufleet.sim import build as simbuild
 from gpufleet.sim import machine as simmachine
 
 # Prepended to every scenario: `n` is pynvml, `out(x)` prints the JSON result, `err(f, *a)` returns the
@@ -37,36 +36,6 @@ PRELUDE = textwrap.dedent("""
 """)
 
 Runner = Callable[..., Any]
-
-
-@pytest.fixture(scope="session")
-def sim_lib() -> Path:
-    """The built simulator library (cached across sessions by source hash)."""
-    return simbuild.build_library()
-
-
-@pytest.fixture(scope="session")
-def shared_root(sim_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """A read-only sim root per fixture, materialized once per session. Do not inject into these."""
-    cache: dict[str, Path] = {}
-
-    def get(fixture: str) -> Path:
-        if fixture not in cache:
-            cache[fixture] = simmachine.materialize(fixture, tmp_path_factory.mktemp(fixture) / "root",
-                                                    library=sim_lib)
-        return cache[fixture]
-
-    return get
-
-
-@pytest.fixture
-def fresh_root(sim_lib: Path, tmp_path: Path) -> Callable[[str], Path]:
-    """A private sim root for tests that inject failures."""
-
-    def make(fixture: str) -> Path:
-        return simmachine.materialize(fixture, tmp_path / f"root-{Path(fixture).stem}", library=sim_lib)
-
-    return make
 
 
 def run_nvml(root: Path, code: str, *, timeout: float = 30, check: bool = True) -> Any:

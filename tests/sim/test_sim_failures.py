@@ -15,8 +15,8 @@ Runner = Callable[..., Any]
 Roots = Callable[[str], Path]  # fixture name → sim root
 
 
-def test_init_shutdown_is_reference_counted(shared_root: Roots, nvml: Runner) -> None:
-    r = nvml(shared_root("pcie-2x-t4"), """
+def test_init_shutdown_is_reference_counted(sim_root: Roots, nvml: Runner) -> None:
+    r = nvml(sim_root("pcie-2x-t4"), """
         n.nvmlInit(); n.nvmlInit()
         n.nvmlShutdown()
         still = n.nvmlDeviceGetCount()             # one reference left
@@ -33,8 +33,8 @@ def test_init_shutdown_is_reference_counted(shared_root: Roots, nvml: Runner) ->
     assert r == [2, "NVMLError_Uninitialized", 1, 2, 1]
 
 
-def test_calls_before_init_are_uninitialized(shared_root: Roots, nvml: Runner) -> None:
-    r = nvml(shared_root("pcie-2x-t4"), """
+def test_calls_before_init_are_uninitialized(sim_root: Roots, nvml: Runner) -> None:
+    r = nvml(sim_root("pcie-2x-t4"), """
         n._LoadNvmlLibrary()
         c = ctypes.c_uint()
         out([n.nvmlLib.nvmlDeviceGetCount_v2(byref(c)), n.nvmlSystemGetNVMLVersion()])
@@ -42,8 +42,8 @@ def test_calls_before_init_are_uninitialized(shared_root: Roots, nvml: Runner) -
     assert r == [1, "12.535.261.03"]  # the NVML version needs no init, like the real library
 
 
-def test_unversioned_entry_points_and_legacy_pci_struct(shared_root: Roots, nvml: Runner) -> None:
-    r = nvml(shared_root("dgx-a100"), """
+def test_unversioned_entry_points_and_legacy_pci_struct(sim_root: Roots, nvml: Runner) -> None:
+    r = nvml(sim_root("dgx-a100"), """
         lib = ctypes.CDLL("libnvidia-ml.so.1")
         rc = [lib.nvmlInit()]
         c = ctypes.c_uint(); rc.append(lib.nvmlDeviceGetCount(byref(c)))
@@ -59,8 +59,8 @@ def test_unversioned_entry_points_and_legacy_pci_struct(shared_root: Roots, nvml
     assert r == [[0, 0, 0, 0, 0, 0], 8, "0000:47:00.0", True, True]
 
 
-def test_pci_bus_id_lookup_forms(shared_root: Roots, nvml: Runner) -> None:
-    r = nvml(shared_root("dgx-a100"), """
+def test_pci_bus_id_lookup_forms(sim_root: Roots, nvml: Runner) -> None:
+    r = nvml(sim_root("dgx-a100"), """
         n.nvmlInit()
         idx = lambda b: n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId(b))
         out([idx("00000000:4E:00.0"), idx("0000:4e:00.0"), idx("00000000:4e:00.0"), idx("4E:00.0"),
@@ -72,8 +72,8 @@ def test_pci_bus_id_lookup_forms(shared_root: Roots, nvml: Runner) -> None:
 
 
 def test_missing_machine_json_is_driver_not_loaded_with_one_message(tmp_path: Path, nvml: Runner,
-                                                                   shared_root: Roots) -> None:
-    root = shared_root("pcie-2x-t4")
+                                                                   sim_root: Roots) -> None:
+    root = sim_root("pcie-2x-t4")
     code = f"""
         import os
         os.environ["GPUFLEET_SIM_ROOT"] = {str(tmp_path / "nowhere")!r}
@@ -168,8 +168,8 @@ def test_fabricmanager_stopped_h100(fresh_root: Roots, nvml: Runner) -> None:
     assert r[1] == [1, 27, 0, 1, 27, 0, 0]  # NOT_STARTED, NVML_ERROR_NOT_READY, links down
 
 
-def test_fabric_info_v_checks_the_version(shared_root: Roots, nvml: Runner) -> None:
-    r = nvml(shared_root("hgx-h100"), """
+def test_fabric_info_v_checks_the_version(sim_root: Roots, nvml: Runner) -> None:
+    r = nvml(sim_root("hgx-h100"), """
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(0)
         v2 = n.c_nvmlGpuFabricInfo_v2_t(); n.nvmlDeviceGetGpuFabricInfoV(h, byref(v2))
@@ -340,7 +340,7 @@ def test_many_threads_query_while_control_changes(fresh_root: Roots, nvml: Runne
     [], ["driver"], ["driver", "maybe"], ["gpu", "8", "lost"], ["gpu", "x", "lost"], ["gpu", "1", "sad"],
     ["xid", "1"], ["xid", "1", "-4"], ["ecc-dbe", "99", "1"], ["fabricmanager", "stopped"], ["reboot"],
 ])
-def test_inject_rejects_bad_input(words: list[str], shared_root: Roots) -> None:
-    root = shared_root("pcie-2x-t4")  # every one of these fails before touching the root
+def test_inject_rejects_bad_input(words: list[str], sim_root: Roots) -> None:
+    root = sim_root("pcie-2x-t4")  # every one of these fails before touching the root
     with pytest.raises(simcontrol.InjectError):
         simcontrol.inject(root, words)

@@ -78,12 +78,12 @@ Dump = Callable[[str], dict[str, Any]]  # fixture name → DUMP result
 
 
 @pytest.fixture
-def dump(shared_root: Roots, nvml: Callable[..., Any]) -> Callable[[str], dict[str, Any]]:
+def dump(sim_root: Roots, nvml: Callable[..., Any]) -> Callable[[str], dict[str, Any]]:
     """`dump(fixture)`: everything DUMP collects, one child process per fixture and session."""
 
     def get(fixture: str) -> dict[str, Any]:
         if fixture not in _dumps:
-            _dumps[fixture] = nvml(shared_root(fixture), DUMP)
+            _dumps[fixture] = nvml(sim_root(fixture), DUMP)
         return _dumps[fixture]
 
     return get
@@ -208,9 +208,9 @@ def test_pcie_fixtures_have_no_nvlink_fabric_or_mig(fixture: str, dump: Dump) ->
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)
-def test_numa(fixture: str, dump: Dump, shared_root: Roots) -> None:
+def test_numa(fixture: str, dump: Dump, sim_root: Roots) -> None:
     """GetNumaNodeId is for GPU-memory NUMA nodes only; the CPU node matches sysfs and memory affinity."""
-    root = shared_root(fixture)
+    root = sim_root(fixture)
     for g in dump(fixture)["gpus"]:
         assert g["numa_id"] == "NVMLError_NotSupported"
         sysfs = int((root / "host/sys/bus/pci/devices" / simmachine.sysfs_name(g["bus_id"]) / "numa_node")
@@ -221,7 +221,7 @@ def test_numa(fixture: str, dump: Dump, shared_root: Roots) -> None:
             assert g["mem_aff"] == [1 << sysfs]
 
 
-def test_numa_nodes_per_fixture(shared_root: Roots) -> None:
+def test_numa_nodes_per_fixture(sim_root: Roots) -> None:
     def nodes(fixture: str) -> list[int]:
         m = simmachine.expand(fixture)
         return [g["numa_node"] for g in m["gpus"]]
@@ -239,8 +239,8 @@ def test_vm_is_passthrough(dump: Dump) -> None:
     assert [g["bus_id"] for g in dump("esxi-vm-2x-v100")["gpus"]] == ["00000000:0B:00.0", "00000000:13:00.0"]
 
 
-def test_extras_nvidia_smi_and_device_plugins_read(shared_root: Roots, nvml: Callable[..., Any]) -> None:
-    r = nvml(shared_root("dgx-a100"), """
+def test_extras_nvidia_smi_and_device_plugins_read(sim_root: Roots, nvml: Callable[..., Any]) -> None:
+    r = nvml(sim_root("dgx-a100"), """
         n.nvmlInit()
         h0, h1, h4 = (n.nvmlDeviceGetHandleByIndex(i) for i in (0, 1, 4))
         READ = 0  # pynvml's NVML_P2P_CAPS_INDEX_READ is the tuple (0,) (a stray comma)
@@ -277,8 +277,8 @@ def test_extras_nvidia_smi_and_device_plugins_read(shared_root: Roots, nvml: Cal
     assert r["fan"] == "NVMLError_NotSupported"  # SXM boards have no fan: a generated stub
 
 
-def test_t4_pcie_p2p_across_host_bridges_is_refused(shared_root: Roots, nvml: Callable[..., Any]) -> None:
-    r = nvml(shared_root("pcie-2x-t4"), """
+def test_t4_pcie_p2p_across_host_bridges_is_refused(sim_root: Roots, nvml: Callable[..., Any]) -> None:
+    r = nvml(sim_root("pcie-2x-t4"), """
         n.nvmlInit()
         a, b = n.nvmlDeviceGetHandleByIndex(0), n.nvmlDeviceGetHandleByIndex(1)
         out([n.nvmlDeviceGetP2PStatus(a, b, 0),  # NVML_P2P_CAPS_INDEX_READ

@@ -49,8 +49,8 @@ def _read(p: Path) -> str:
     return p.read_text().strip()
 
 
-def test_dgx_host_tree(shared_root: Roots) -> None:
-    root = shared_root("dgx-a100")
+def test_dgx_host_tree(sim_root: Roots) -> None:
+    root = sim_root("dgx-a100")
     host = root / "host"
     devs = host / "sys/bus/pci/devices"
     gpu = devs / "0000:07:00.0"
@@ -76,8 +76,8 @@ def test_dgx_host_tree(shared_root: Roots) -> None:
     assert json.loads((root / "machine.json").read_text()) == simmachine.expand("dgx-a100")
 
 
-def test_vm_host_tree(shared_root: Roots) -> None:
-    host = shared_root("esxi-vm-2x-v100") / "host"
+def test_vm_host_tree(sim_root: Roots) -> None:
+    host = sim_root("esxi-vm-2x-v100") / "host"
     assert _read(host / "sys/class/dmi/id/sys_vendor") == "VMware, Inc."
     assert _read(host / "sys/class/dmi/id/product_name") == "VMware7,1"
     assert (host / "sys/firmware/efi/efivars" / simmachine.SECURE_BOOT_VAR).read_bytes()[-1:] == b"\x00"
@@ -86,8 +86,8 @@ def test_vm_host_tree(shared_root: Roots) -> None:
         == ["-1", "-1"]
 
 
-def test_secure_boot_on_and_no_nvswitch(shared_root: Roots) -> None:
-    root = shared_root("node-40-gpus")
+def test_secure_boot_on_and_no_nvswitch(sim_root: Roots) -> None:
+    root = sim_root("node-40-gpus")
     assert (root / "host/sys/firmware/efi/efivars" / simmachine.SECURE_BOOT_VAR).read_bytes()[-1:] == b"\x01"
     assert _read(root / "control") == "driver loaded"
     assert not list((root / "host/dev").glob("nvidia-nvswitch*"))
@@ -95,10 +95,10 @@ def test_secure_boot_on_and_no_nvswitch(shared_root: Roots) -> None:
 
 
 @pytest.mark.root
-def test_dev_nodes_are_char_devices_when_mknod_works(shared_root: Roots) -> None:
+def test_dev_nodes_are_char_devices_when_mknod_works(sim_root: Roots) -> None:
     if os.geteuid() != 0:
         pytest.skip("mknod needs root")
-    dev = shared_root("dgx-a100") / "host/dev"
+    dev = sim_root("dgx-a100") / "host/dev"
     st = os.stat(dev / "nvidia3")
     assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (195, 3)
     st = os.stat(dev / "nvidiactl")
@@ -119,8 +119,8 @@ def test_dev_nodes_fall_back_to_files(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert node.is_file() and node.stat().st_size == 0
 
 
-def test_lib_links_and_smi_wrapper(shared_root: Roots, sim_lib: Path) -> None:
-    root = shared_root("pcie-2x-t4")
+def test_lib_links_and_smi_wrapper(sim_root: Roots, sim_lib: Path) -> None:
+    root = sim_root("pcie-2x-t4")
     assert (root / "lib/libnvidia-ml.so.1").resolve() == sim_lib.resolve()
     assert (root / "host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").resolve() == sim_lib.resolve()
     wrapper = root / "bin/nvidia-smi"
@@ -197,8 +197,8 @@ def test_cli_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().err
 
 
-def test_cli_inject_bad_words_exit_2(shared_root: Roots, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["sim", "inject", str(shared_root("pcie-2x-t4")), "gpu", "7", "lost"]) == 2
+def test_cli_inject_bad_words_exit_2(sim_root: Roots, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sim", "inject", str(sim_root("pcie-2x-t4")), "gpu", "7", "lost"]) == 2
     assert "GPU 7 does not exist" in capsys.readouterr().err
 
 
