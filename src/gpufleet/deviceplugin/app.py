@@ -1,0 +1,193 @@
+"""Wiring: configuration → resource manager → gRPC servers, kubelet supervisor, HTTP side, labels."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gpufleet.deviceplugin import config as configuration
+from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
+from gpufleet.deviceplugin.gpumem.resolver import KubernetesPodResolver, PodResolver
+from gpufleet.deviceplugin.labels import NodePublisher
+from gpufleet.deviceplugin.logs import log_event, setup_logging
+from gpufleet.deviceplugin.metrics import HttpEndpoint, Metrics
+from gpufleet.deviceplugin.plugin.allocate import AllocateOptions
+from gpufleet.deviceplugin.plugin.kubelet import Supervisor
+from gpufleet.deviceplugin.plugin.server import DevicePluginService, PluginServer, Wakeup
+from gpufleet.deviceplugin.rm.devices import ResourceKind
+from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager, StartSettings
+from gpufleet.deviceplugin.rm.model import DeviceSource, SourceUnavailable
+
+EXIT_CONFIG = 2
+EXIT_STARTUP = 1
+
+
+class StartupError(Exception):
+    """A dependency the configuration requires is missing (e.g. API access for GPU-memory sharing)."""
+
+
+def kubernetes_api(kubeconfig: str) -> Any:
+    """CoreV1Api from a kubeconfig path, else in-cluster, else ~/.kube/config."""
+    from kubernetes import client
+    from kubernetes import config as kubeconfig_loader
+
+    if kubeconfig:
+        kubeconfig_loader.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            kubeconfig_loader.load_incluster_config()
+        except kubeconfig_loader.ConfigException:
+            kubeconfig_loader.load_kube_config()
+    return client.CoreV1Api()
+
+
+class App:
+    """One device plugin process; dependencies can be injected (tests, benches)."""
+
+    def __init__(
+        self,
+        cfg: configuration.Config,
+        source: DeviceSource | None = None,
+        resolver: PodResolver | None = None,
+        core_v1: Any = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.metrics = metrics or Metrics()
+        if source is None:
+            from gpufleet.deviceplugin.rm.nvml_source import NvmlDeviceSource
+
+            source = NvmlDeviceSource(cfg.host_root)
+        self.rm = ResourceManager(
+            source,
+            cfg.resources(),
+            HealthSettings(cfg.health_enabled, frozenset(cfg.health_ignored_xids), cfg.health_probe_interval),
+            StartSettings(cfg.nvml_on_init_failure == "fail", cfg.nvml_retry_interval),
+            self.metrics,
+        )
+        self.resolver = resolver
+        self.core_v1 = core_v1
+        self.supervisor: Supervisor | None = None
+        self.ready = asyncio.Event()
+
+    def _api(self) -> Any:
+        if self.core_v1 is None:
+            try:
+                self.core_v1 = kubernetes_api(self.cfg.kubernetes_kubeconfig)
+            except Exception as exc:  # the client raises several unrelated types for "no config"
+                raise StartupError(f"no Kubernetes API access: {exc}") from exc
+        return self.core_v1
+
+    def healthz(self) -> tuple[bool, str]:
+        """(ok, why) for /healthz."""
+        if self.supervisor is None:
+            return False, "starting"
+        ok, why = self.supervisor.healthy
+        if not self.rm.ready:
+            why += f"; GPUs not discovered: {self.rm.last_error}"
+        return ok, why
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set (raises SourceUnavailable at start when configured to fail fast)."""
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        wakeup = Wakeup(loop)
+        self.rm.subscribe(wakeup.poke)
+        opts = AllocateOptions.from_config(cfg)
+        servers = []
+        for spec in cfg.resources():
+            allocator = None
+            if spec.kind is ResourceKind.MEMORY:
+                resolver = self.resolver or KubernetesPodResolver(self._api())
+                allocator = MemoryHandoff(
+                    resolver,
+                    cfg.node_name,
+                    lambda: self.rm.inventory().by_uuid(),
+                    self.rm.gpu_health,
+                    opts,
+                    self.metrics,
+                )
+            service = DevicePluginService(spec, self.rm, wakeup, opts, self.metrics, allocator)
+            servers.append(PluginServer(service, cfg.socket_dir))
+        self.supervisor = Supervisor(servers, cfg.socket_dir, self.metrics)
+        http = publisher = None
+        self.rm.start()
+        try:
+            if cfg.http_port:
+                http = HttpEndpoint(cfg.http_address, cfg.http_port, self.metrics, self.healthz)
+                http.start()
+                log_event("http_listening", address=cfg.http_address, port=http.port)
+            publisher = self._publisher()
+            supervising = asyncio.create_task(self.supervisor.run(stop))
+            started = asyncio.create_task(self.supervisor.started.wait())
+            await asyncio.wait([supervising, started], return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            self.ready.set()
+            await supervising
+        finally:
+            if publisher:
+                publisher.stop()
+            if http:
+                http.stop()
+            self.rm.stop()
+
+    def _publisher(self) -> NodePublisher | None:
+        cfg = self.cfg
+        if not cfg.labels_enabled:
+            return None
+        if not cfg.node_name:
+            log_event("labels_disabled", reason="node_name not set")
+            return None
+        try:
+            api = self._api()
+        except StartupError as exc:
+            log_event("labels_disabled", level="warning", reason=str(exc))
+            return None
+
+        def snapshot() -> tuple[Any, Any]:
+            return self.rm.inventory(), self.rm.gpu_health()
+
+        publisher = NodePublisher(api, cfg.node_name, cfg.labels_prefix, snapshot)
+        self.rm.subscribe(publisher.poke)
+        publisher.start()
+        return publisher
+
+
+async def _serve(cfg: configuration.Config) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    app = App(cfg)
+    log_event(
+        "starting",
+        resources=",".join(r.name for r in cfg.resources()),
+        socket_dir=cfg.socket_dir,
+        sharing=cfg.sharing_mode,
+        node=cfg.node_name or None,
+    )
+    try:
+        await app.run(stop)
+    except SourceUnavailable as exc:
+        log_event(
+            "nvml_unavailable", level="error", error=str(exc), action="exiting (nvml.on_init_failure=fail)"
+        )
+        return EXIT_STARTUP
+    except StartupError as exc:
+        log_event("startup_failed", level="error", error=str(exc))
+        return EXIT_STARTUP
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (`gpufleet-device-plugin`, `python -m gpufleet.deviceplugin`)."""
+    try:
+        cfg = configuration.parse(argv)
+    except configuration.ConfigError as exc:
+        print(f"gpufleet-device-plugin: invalid configuration:\n{exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(cfg.log_level, cfg.log_format)
+    return asyncio.run(_serve(cfg))

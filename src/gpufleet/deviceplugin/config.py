@@ -1,0 +1,366 @@
+"""Configuration: a versioned YAML file, environment variables and flags, validated at start.
+
+Precedence, highest first: flags > environment > file > defaults. Every setting has one dotted name
+(`health.probe_interval`); its flag is that name with dots and underscores as dashes
+(`--health-probe-interval`) and its variable is `GPUFLEET_DP_` + the name in capitals with dots as
+underscores (`GPUFLEET_DP_HEALTH_PROBE_INTERVAL`). Errors name the source and the setting, and all of
+them are reported at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
+from gpufleet.deviceplugin.rm.devices import ResourceKind, ResourceSpec
+from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS
+
+CONFIG_VERSION = "v1"
+ENV_PREFIX = "GPUFLEET_DP_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message lists every problem, one a line."""
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """A host path mounted into every GPU container (e.g. driver libraries)."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated configuration; attribute names are the dotted setting names with underscores."""
+
+    node_name: str = ""
+    socket_dir: str = DEFAULT_SOCKET_DIR
+    host_root: str = "/"
+    resource_name: str = "nvidia.com/gpu"
+    nvml_on_init_failure: str = "retry"
+    nvml_retry_interval: float = 10.0
+    health_enabled: bool = True
+    health_ignored_xids: tuple[int, ...] = tuple(sorted(DEFAULT_IGNORED_XIDS))
+    health_probe_interval: float = 5.0
+    allocate_device_id_strategy: str = "uuid"
+    allocate_pass_device_specs: bool = True
+    allocate_driver_mounts: tuple[MountSpec, ...] = ()
+    allocate_cdi_enabled: bool = False
+    allocate_cdi_kind: str = "nvidia.com/gpu"
+    sharing_mode: str = "none"
+    sharing_time_slicing_replicas: int = 2
+    sharing_time_slicing_rename: str = ""
+    sharing_memory_resource_name: str = "gpufleet.io/gpu-mem"
+    sharing_memory_mps: bool = False
+    sharing_memory_mps_pipe_dir: str = "/run/nvidia/mps"
+    sharing_memory_mps_log_dir: str = "/var/log/nvidia/mps"
+    sharing_memory_mps_container_pipe_dir: str = "/tmp/nvidia-mps"
+    sharing_memory_mps_container_log_dir: str = "/var/log/nvidia-mps"
+    labels_enabled: bool = True
+    labels_prefix: str = "gpufleet.io"
+    http_port: int = 0
+    http_address: str = "0.0.0.0"
+    log_level: str = "info"
+    log_format: str = "kv"
+    kubernetes_kubeconfig: str = ""
+    source: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting -> where it came from
+
+    def resources(self) -> list[ResourceSpec]:
+        """The resources this configuration advertises."""
+        if self.sharing_mode == "time-slicing":
+            name = self.sharing_time_slicing_rename or self.resource_name
+            return [ResourceSpec(name, ResourceKind.REPLICA, self.sharing_time_slicing_replicas)]
+        if self.sharing_mode == "memory":
+            return [ResourceSpec(self.sharing_memory_resource_name, ResourceKind.MEMORY)]
+        return [ResourceSpec(self.resource_name, ResourceKind.GPU)]
+
+
+# ----- parsers: raw value (YAML scalar or string from flag/env) -> typed value, ValueError on bad input --
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str | int | float) or isinstance(v, bool):
+        raise ValueError(f"expected a string, got {type(v).__name__}")
+    return str(v)
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in {"true", "1", "yes", "on", "false", "0", "no", "off"}:
+        return v.lower() in {"true", "1", "yes", "on"}
+    raise ValueError(f"expected true or false, got {v!r}")
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        if isinstance(v, bool):
+            raise ValueError(f"expected an integer, got {v!r}")
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer, got {v!r}") from None
+        if not lo <= n <= hi:
+            raise ValueError(f"expected an integer in [{lo}, {hi}], got {n}")
+        return n
+
+    return parse
+
+
+def _positive_float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number > 0, got {v!r}")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a number > 0, got {v!r}") from None
+    if not x > 0:
+        raise ValueError(f"expected a number > 0, got {v!r}")
+    return x
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if v not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    return parse
+
+
+def _xids(v: Any) -> tuple[int, ...]:
+    items = [p for p in v.replace(" ", ",").split(",") if p] if isinstance(v, str) else v
+    if not isinstance(items, list):
+        raise ValueError(f"expected a list of XID numbers, got {v!r}")
+    return tuple(sorted({_int(1, 1 << 16)(x) for x in items}))
+
+
+def _resource_name(v: Any) -> str:
+    name = _str(v)
+    domain, _, short = name.partition("/")
+    if not domain or not short or "." not in domain or "/" in short:
+        raise ValueError(f"expected an extended resource name like vendor.example/name, got {v!r}")
+    return name
+
+
+def _abs_path(v: Any) -> str:
+    path = _str(v)
+    if not path.startswith("/"):
+        raise ValueError(f"expected an absolute path, got {v!r}")
+    return path
+
+
+def _mounts(v: Any) -> tuple[MountSpec, ...]:
+    if not isinstance(v, list):
+        raise ValueError("expected a list of {host_path, container_path, read_only}")
+    out = []
+    for n, item in enumerate(v):
+        if (
+            not isinstance(item, dict)
+            or "host_path" not in item
+            or set(item)
+            - {
+                "host_path",
+                "container_path",
+                "read_only",
+            }
+        ):
+            raise ValueError(
+                f"item {n}: expected keys host_path, container_path (optional), read_only (optional)"
+            )
+        host = _abs_path(item["host_path"])
+        out.append(
+            MountSpec(host, _abs_path(item.get("container_path", host)), _bool(item.get("read_only", True)))
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable value: its dotted name, parser, and extra environment names (aliases)."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    env_aliases: tuple[str, ...] = ()
+    flag_ok: bool = True  # structured values are file-only
+    help: str = ""
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace(".", "_")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace(".", "-").replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.replace(".", "_").upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("node_name", _str, ("NODE_NAME",), help="this node's name (labels, GPU-memory hand-off)"),
+    Setting("socket_dir", _abs_path, help="directory holding kubelet.sock and the plugin's socket"),
+    Setting("host_root", _abs_path, ("GPUFLEET_HOST_ROOT",), help="where the host's /dev is visible"),
+    Setting("resource_name", _resource_name, help="resource for whole GPUs"),
+    Setting("nvml.on_init_failure", _choice("retry", "fail"), help="NVML unusable at start: retry or exit"),
+    Setting("nvml.retry_interval", _positive_float, help="seconds between NVML retries"),
+    Setting("health.enabled", _bool, help="watch XID/ECC events and probe GPUs"),
+    Setting("health.ignored_xids", _xids, help="XIDs that never make a GPU unhealthy (comma-separated)"),
+    Setting("health.probe_interval", _positive_float, help="seconds between lost/recovered probes"),
+    Setting("allocate.device_id_strategy", _choice("uuid", "index"), help="NVIDIA_VISIBLE_DEVICES form"),
+    Setting("allocate.pass_device_specs", _bool, help="return /dev/nvidia* device specs"),
+    Setting("allocate.driver_mounts", _mounts, flag_ok=False),
+    Setting("allocate.cdi.enabled", _bool, help="return CDI device names"),
+    Setting("allocate.cdi.kind", _str, help="CDI kind, e.g. nvidia.com/gpu"),
+    Setting("sharing.mode", _choice("none", "time-slicing", "memory"), help="how GPUs are advertised"),
+    Setting("sharing.time_slicing.replicas", _int(1, 1024), help="devices per GPU with time-slicing"),
+    Setting("sharing.time_slicing.rename", _str, help="resource name for time-sliced GPUs"),
+    Setting("sharing.memory.resource_name", _resource_name, help="GPU-memory resource (GiB units)"),
+    Setting("sharing.memory.mps", _bool, help="enforce GPU-memory shares with MPS"),
+    Setting("sharing.memory.mps_pipe_dir", _abs_path, help="host MPS pipe directory"),
+    Setting("sharing.memory.mps_log_dir", _abs_path, help="host MPS log directory"),
+    Setting("sharing.memory.mps_container_pipe_dir", _abs_path, help="MPS pipe directory in containers"),
+    Setting("sharing.memory.mps_container_log_dir", _abs_path, help="MPS log directory in containers"),
+    Setting("labels.enabled", _bool, help="publish node labels and the gpus annotation"),
+    Setting("labels.prefix", _str, help="label domain"),
+    Setting("http.port", _int(0, 65535), help="port for /metrics and /healthz (0: off)"),
+    Setting("http.address", _str, help="address for /metrics and /healthz"),
+    Setting("log.level", _choice("debug", "info", "warning", "error")),
+    Setting("log.format", _choice("kv", "json")),
+    Setting("kubernetes.kubeconfig", _str, help="kubeconfig path (empty: in-cluster, then ~/.kube/config)"),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name not in _BY_NAME:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a config file into {setting name: raw value}; raise ConfigError on any problem."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    errors = []
+    version = doc.pop("version", None)
+    if version != CONFIG_VERSION:
+        errors.append(f"{path}: version: expected {CONFIG_VERSION!r}, got {version!r}")
+    flat = _flatten(doc)
+    errors += [f"{path}: {name}: unknown setting" for name in flat if name not in _BY_NAME]
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return flat
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add `--config` and one flag per setting (all default to None: unset)."""
+    parser.add_argument("--config", help=f"YAML config file (version: {CONFIG_VERSION}); env {CONFIG_ENV}")
+    for s in SETTINGS:
+        if s.flag_ok:
+            parser.add_argument(s.flag, dest=s.attr, default=None, help=f"{s.help} (env {s.env})")
+
+
+def build(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    file_values: Mapping[str, Any] | None = None,
+) -> Config:
+    """Merge defaults < file < environment < flags and validate; raise ConfigError listing every problem."""
+    environ = os.environ if environ is None else environ
+    errors: list[str] = []
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    config_path = getattr(args, "config", None) or environ.get(CONFIG_ENV)
+    if file_values is None and config_path:
+        try:
+            file_values = load_file(config_path)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    layers: list[tuple[str, Callable[[Setting], tuple[bool, Any, str]]]] = [
+        (
+            "file",
+            lambda s: (
+                s.name in (file_values or {}),
+                (file_values or {}).get(s.name),
+                f"{config_path}: {s.name}",
+            ),
+        ),
+        ("env", lambda s: _from_env(s, environ)),
+        ("flag", lambda s: (getattr(args, s.attr, None) is not None, getattr(args, s.attr, None), s.flag)),
+    ]
+    for s in SETTINGS:
+        for layer, lookup in layers:
+            present, raw, where = lookup(s)
+            if not present:
+                continue
+            try:
+                values[s.attr] = s.parse(raw)
+                source[s.name] = layer
+            except ValueError as exc:
+                errors.append(f"{where}: {exc}")
+    cfg = Config(**values, source=source)
+    errors += _cross_check(cfg)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return cfg
+
+
+def _from_env(s: Setting, environ: Mapping[str, str]) -> tuple[bool, Any, str]:
+    for name in (s.env, *s.env_aliases):
+        if environ.get(name):
+            return True, environ[name], f"env {name}"
+    return False, None, ""
+
+
+def _cross_check(cfg: Config) -> list[str]:
+    errors = []
+    if cfg.sharing_time_slicing_rename and cfg.sharing_mode != "time-slicing":
+        errors.append("sharing.time_slicing.rename: only valid with sharing.mode time-slicing")
+    if cfg.sharing_time_slicing_rename:
+        try:
+            _resource_name(cfg.sharing_time_slicing_rename)
+        except ValueError as exc:
+            errors.append(f"sharing.time_slicing.rename: {exc}")
+    if cfg.sharing_mode == "memory" and not cfg.node_name:
+        errors.append("node_name: required with sharing.mode memory (the hand-off looks up this node's pods)")
+    if cfg.sharing_memory_mps and cfg.sharing_mode != "memory":
+        errors.append("sharing.memory.mps: only valid with sharing.mode memory")
+    return errors
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Parse the command line (and the environment and file it points at) into a Config."""
+    parser = argparse.ArgumentParser(
+        prog="gpufleet-device-plugin", description="gpufleet's kubelet device plugin for NVIDIA GPUs."
+    )
+    add_flags(parser)
+    return build(parser.parse_args(argv), environ)
+
+
+__all__ = ["CONFIG_VERSION", "SETTINGS", "Config", "ConfigError", "MountSpec", "build", "load_file", "parse"]

@@ -1,0 +1,145 @@
+"""Node labels and the `gpufleet.io/gpus` annotation: computed purely, written with the kubernetes client.
+
+Labels let pods select GPU models (`nodeSelector: {gpufleet.io/gpu.product: NVIDIA-A100-SXM4-80GB}`);
+the annotation gives the extender each GPU's memory, health and NVLinks (docs/handoff.md).
+On a node with mixed models the product label says `mixed` and memory/compute labels give the smallest
+GPU's values, so a selector never promises more than every GPU of the node has.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpufleet.deviceplugin.logs import log_event
+from gpufleet.deviceplugin.rm.health import GpuHealth
+from gpufleet.deviceplugin.rm.model import MIB, NodeInventory
+
+GPUS_ANNOTATION = "gpufleet.io/gpus"
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _label_value(text: str) -> str:
+    # Label values: at most 63 of [A-Za-z0-9._-], starting and ending alphanumeric.
+    return _LABEL_VALUE.sub("-", text).strip("-._")[:63].rstrip("-._")
+
+
+def node_labels(inv: NodeInventory, prefix: str = "gpufleet.io") -> dict[str, str]:
+    """Labels describing the node's GPUs (empty when there are none)."""
+    if not inv.gpus:
+        return {}
+    models = {g.model for g in inv.gpus}
+    smallest_cc = min(g.cc for g in inv.gpus)
+    driver = inv.driver_version.split(".")
+    labels = {
+        "gpu.present": "true",
+        "gpu.count": str(len(inv.gpus)),
+        "gpu.product": _label_value(models.pop()) if len(models) == 1 else "mixed",
+        "gpu.memory": str(min(g.memory_bytes for g in inv.gpus) // MIB),  # MiB, as nvidia-smi prints
+        "gpu.compute.major": str(smallest_cc[0]),
+        "gpu.compute.minor": str(smallest_cc[1]),
+        "gpu.nvlink": "true" if any(g.nvlinks for g in inv.gpus) else "false",
+        "gpu.nvswitch": "true" if inv.nvswitch_count else "false",
+    }
+    if inv.driver_version:
+        labels["driver.version"] = _label_value(inv.driver_version)
+        labels["driver.major"] = driver[0]
+    if inv.cuda_driver_version:
+        labels["cuda.driver.major"] = str(inv.cuda_driver_version // 1000)
+        labels["cuda.driver.minor"] = str(inv.cuda_driver_version % 1000 // 10)
+    return {f"{prefix}/{k}": v for k, v in labels.items()}
+
+
+def gpus_annotation(inv: NodeInventory, health: Mapping[str, GpuHealth]) -> str:
+    """The `gpufleet.io/gpus` JSON list, in GPU index order."""
+    return json.dumps(
+        [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_gib": g.memory_gib,
+                "cc": f"{g.cc[0]}.{g.cc[1]}",
+                "numa": g.numa,
+                "healthy": health.get(g.uuid, GpuHealth()).healthy,
+                "nvlink": dict(sorted(g.nvlinks.items())),
+            }
+            for g in inv.gpus
+        ],
+        separators=(",", ":"),
+    )
+
+
+def node_patch(
+    labels: Mapping[str, str], annotation: str, previous_labels: Mapping[str, str], prefix: str
+) -> dict[str, Any]:
+    """A merge patch setting our labels and annotation and deleting our labels that no longer apply."""
+    stale = {k: None for k in previous_labels if k.startswith(prefix + "/") and k not in labels}
+    return {"metadata": {"labels": {**stale, **labels}, "annotations": {GPUS_ANNOTATION: annotation}}}
+
+
+class NodePublisher:
+    """Writes labels and the annotation whenever they change; runs its own thread, never blocks health."""
+
+    def __init__(
+        self,
+        core_v1: Any,
+        node: str,
+        prefix: str,
+        snapshot: Callable[[], tuple[NodeInventory, Mapping[str, GpuHealth]]],
+        retry_s: float = 10.0,
+    ) -> None:
+        self.api = core_v1
+        self.node = node
+        self.prefix = prefix
+        self.snapshot = snapshot
+        self.retry_s = retry_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._written: tuple[dict[str, str], str] | None = None
+        self._thread = threading.Thread(target=self._run, name="gpufleet-labels", daemon=True)
+
+    def start(self) -> None:
+        """Publish now and after every poke."""
+        self._wake.set()
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Something changed: publish if the result differs."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._publish()
+            except Exception as exc:  # API down: keep the last good labels, try again later
+                log_event(
+                    "labels_failed", level="warning", node=self.node, error=repr(exc), retry_s=self.retry_s
+                )
+                self._stop.wait(self.retry_s)
+                self._wake.set()
+
+    def _publish(self) -> None:
+        inv, health = self.snapshot()
+        if not inv.gpus:
+            return
+        labels, annotation = node_labels(inv, self.prefix), gpus_annotation(inv, health)
+        if self._written == (labels, annotation):
+            return
+        current = self.api.read_node(self.node).metadata.labels or {}
+        self.api.patch_node(self.node, node_patch(labels, annotation, current, self.prefix))
+        self._written = (labels, annotation)
+        log_event("node_labels_published", node=self.node, labels=len(labels))

@@ -1,0 +1,1 @@
+"""The kubelet side: the gRPC DevicePlugin server, registration, and the kubelet restart watch."""

@@ -1,0 +1,113 @@
+"""Building Allocate answers: environment, device nodes, mounts and CDI names for one container."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpufleet.deviceplugin.api import pb
+from gpufleet.deviceplugin.config import Config, MountSpec
+from gpufleet.deviceplugin.logs import log_event
+from gpufleet.deviceplugin.rm.model import GpuInfo
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+# Device nodes every CUDA process needs besides its GPUs' own, when the driver created them.
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+
+@dataclass(frozen=True)
+class AllocateOptions:
+    """The parts of the configuration Allocate needs."""
+
+    host_root: str = "/"
+    device_id_strategy: str = "uuid"
+    pass_device_specs: bool = True
+    driver_mounts: tuple[MountSpec, ...] = ()
+    cdi_enabled: bool = False
+    cdi_kind: str = "nvidia.com/gpu"
+    mps: bool = False
+    mps_pipe_dir: str = "/run/nvidia/mps"
+    mps_log_dir: str = "/var/log/nvidia/mps"
+    mps_container_pipe_dir: str = "/tmp/nvidia-mps"
+    mps_container_log_dir: str = "/var/log/nvidia-mps"
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> AllocateOptions:
+        """Take the Allocate settings from a Config."""
+        return cls(
+            host_root=cfg.host_root,
+            device_id_strategy=cfg.allocate_device_id_strategy,
+            pass_device_specs=cfg.allocate_pass_device_specs,
+            driver_mounts=cfg.allocate_driver_mounts,
+            cdi_enabled=cfg.allocate_cdi_enabled,
+            cdi_kind=cfg.allocate_cdi_kind,
+            mps=cfg.sharing_memory_mps,
+            mps_pipe_dir=cfg.sharing_memory_mps_pipe_dir,
+            mps_log_dir=cfg.sharing_memory_mps_log_dir,
+            mps_container_pipe_dir=cfg.sharing_memory_mps_container_pipe_dir,
+            mps_container_log_dir=cfg.sharing_memory_mps_container_log_dir,
+        )
+
+    def host_path(self, path: str) -> str:
+        """An absolute host path as seen under the host root."""
+        return os.path.join(self.host_root, path.lstrip("/"))
+
+
+def gpu_response(gpus: Sequence[GpuInfo], opts: AllocateOptions) -> pb.ContainerAllocateResponse:
+    """What a container needs to use exactly these GPUs."""
+    resp = pb.ContainerAllocateResponse()
+    ids = [str(g.index) if opts.device_id_strategy == "index" else g.uuid for g in gpus]
+    resp.envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
+    if opts.pass_device_specs:
+        for gpu in gpus:
+            _add_device(resp, opts, f"/dev/nvidia{gpu.minor}", required=True)
+        for name in CONTROL_DEVICES:
+            _add_device(resp, opts, f"/dev/{name}", required=False)
+    for mount in opts.driver_mounts:
+        resp.mounts.add(
+            container_path=mount.container_path,
+            host_path=opts.host_path(mount.host_path),
+            read_only=mount.read_only,
+        )
+    if opts.cdi_enabled:
+        for device_id in ids:
+            resp.cdi_devices.add(name=f"{opts.cdi_kind}={device_id}")
+    return resp
+
+
+def memory_response(gpus: Sequence[GpuInfo], gib: int, opts: AllocateOptions) -> pb.ContainerAllocateResponse:
+    """A GPU-memory share of `gib` GiB spread evenly over `gpus`; under MPS the share is enforced."""
+    resp = gpu_response(gpus, opts)
+    if opts.mps:
+        per_gpu = gib // len(gpus)
+        resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{g.uuid}={per_gpu}G" for g in gpus)
+        # Compute share follows the memory share, so a 4 GiB slice of an 80 GiB GPU gets 5% of its SMs
+        # (rounded up; at least 1%).
+        smallest = min(g.memory_gib for g in gpus) or 1
+        percent = max(1, min(100, math.ceil(100 * per_gpu / smallest)))
+        resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
+        resp.envs["CUDA_MPS_PIPE_DIRECTORY"] = opts.mps_container_pipe_dir
+        resp.envs["CUDA_MPS_LOG_DIRECTORY"] = opts.mps_container_log_dir
+        resp.mounts.add(
+            container_path=opts.mps_container_pipe_dir,
+            host_path=opts.host_path(opts.mps_pipe_dir),
+            read_only=False,
+        )
+        resp.mounts.add(
+            container_path=opts.mps_container_log_dir,
+            host_path=opts.host_path(opts.mps_log_dir),
+            read_only=False,
+        )
+    return resp
+
+
+def _add_device(resp: pb.ContainerAllocateResponse, opts: AllocateOptions, path: str, required: bool) -> None:
+    host = opts.host_path(path)
+    if os.path.exists(host):
+        resp.devices.add(container_path=path, host_path=host, permissions="rw")
+    elif required:
+        # Without the node the runtime would fail the container with a vaguer error; NVIDIA's runtime
+        # hook may still create it from NVIDIA_VISIBLE_DEVICES, so this is a warning, not a refusal.
+        log_event("device_node_missing", level="warning", path=host)

@@ -1,0 +1,344 @@
+"""The resource manager: devices per resource, their health over time, and request validation.
+
+One background thread owns every NVML call after start-up. It blocks in the NVML event set's wait
+(XIDs and double-bit ECC errors arrive as they happen); the only timer is a low-rate probe of each GPU,
+which is how a lost GPU is noticed without an event and how a reset GPU is seen coming back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpufleet.deviceplugin.logs import log_event
+from gpufleet.deviceplugin.metrics import Metrics
+from gpufleet.deviceplugin.rm.devices import PluginDevice, ResourceSpec, build_devices, device_ids, gpu_of
+from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, InvalidRequest, NotReady
+from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS, GpuHealth, HealthTracker, Transition
+from gpufleet.deviceplugin.rm.model import (
+    DeviceSource,
+    EventStream,
+    GpuInfo,
+    HealthEvent,
+    HealthEventKind,
+    NodeInventory,
+    SourceUnavailable,
+)
+from gpufleet.deviceplugin.rm.preferred import preferred_allocation
+
+# Longest single NVML event wait: bounds how long stop() waits for the thread, not how fast events arrive.
+_WAIT_SLICE_S = 0.5
+# How many IDs an error message lists before it summarises.
+_LISTED = 5
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Health-checking knobs (see the `health:` config section)."""
+
+    enabled: bool = True
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    probe_interval_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """What to do when NVML is unusable at start (see `nvml:` config)."""
+
+    fail_fast: bool = False
+    retry_interval_s: float = 10.0
+
+
+@dataclass
+class _State:
+    inventory: NodeInventory | None = None
+    tracker: HealthTracker = field(default_factory=lambda: HealthTracker([]))
+    version: int = 0
+    last_error: str = ""
+    known: dict[str, frozenset[str]] = field(default_factory=dict)  # resource -> device IDs
+
+
+class ResourceManager:
+    """Devices, health and request checks for the resources this plugin serves."""
+
+    def __init__(
+        self,
+        source: DeviceSource,
+        resources: Sequence[ResourceSpec],
+        health: HealthSettings | None = None,
+        start: StartSettings | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.source = source
+        self.resources = {r.name: r for r in resources}
+        self.health = health or HealthSettings()
+        self.start_settings = start or StartSettings()
+        self.metrics = metrics or Metrics()
+        self._state = _State(tracker=HealthTracker([], self.health.ignored_xids))
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._events: EventStream | None = None
+        self._pending: list[HealthEvent] = []  # drained from a replaced event set, not yet applied
+
+    # ----- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Discover GPUs (raising SourceUnavailable when fail-fast) and start the health thread."""
+        try:
+            self._discover()
+        except SourceUnavailable as exc:
+            if self.start_settings.fail_fast:
+                raise
+            log_event(
+                "nvml_unavailable",
+                level="warning",
+                error=str(exc),
+                action="advertising zero devices, retrying",
+                retry_s=self.start_settings.retry_interval_s,
+            )
+        self._thread = threading.Thread(target=self._run, name="gpufleet-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the health thread and release NVML."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        if self._events:
+            self._events.close()
+            self._events = None
+        self.source.close()
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the health thread) after every device or health change."""
+        with self._lock:
+            self._listeners.append(callback)
+
+    # ----- queries ---------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """Increases on every change of devices or health."""
+        return self._state.version
+
+    @property
+    def ready(self) -> bool:
+        """True once GPUs have been discovered."""
+        return self._state.inventory is not None
+
+    @property
+    def last_error(self) -> str:
+        """Why discovery last failed (empty when it did not)."""
+        return self._state.last_error
+
+    def inventory(self) -> NodeInventory:
+        """The discovered GPUs (empty until discovery succeeds)."""
+        return self._state.inventory or NodeInventory(gpus=())
+
+    def gpu_health(self) -> dict[str, GpuHealth]:
+        """Health of every GPU by UUID."""
+        with self._lock:
+            return self._state.tracker.snapshot()
+
+    def devices(self, resource: str) -> tuple[int, list[PluginDevice]]:
+        """(version, devices) of one resource, consistent with each other."""
+        with self._lock:
+            state = self._state
+            if state.inventory is None:
+                return state.version, []
+            return state.version, build_devices(
+                self.resources[resource], state.inventory, state.tracker.snapshot()
+            )
+
+    def check_request(self, resource: str, ids: Sequence[str], require_healthy: bool = True) -> list[GpuInfo]:
+        """The GPUs behind one container's device IDs, in index order; raise a RequestError if refused."""
+        with self._lock:
+            inventory = self._state.inventory
+            health = self._state.tracker.snapshot()
+            known = self._state.known.get(resource, frozenset())
+        if inventory is None:
+            raise NotReady(f"GPUs not discovered yet: {self._state.last_error or 'NVML unavailable'}")
+        if not ids:
+            raise InvalidRequest("container request has no device IDs")
+        gpus = inventory.by_uuid()
+        if len(ids) > len(known):
+            raise InvalidRequest(
+                f"{len(ids)} device IDs requested but {resource} has only {len(known)} devices"
+            )
+        dupes = sorted(d for d, n in Counter(ids).items() if n > 1)
+        if dupes:
+            raise InvalidRequest(f"duplicate device IDs: {_listing(dupes)}")
+        unknown = [d for d in ids if d not in known]
+        if unknown:
+            raise InvalidRequest(f"unknown {resource} device(s): {_listing(unknown)}")
+        sick = [d for d in ids if not health.get(gpu_of(d), GpuHealth()).healthy]
+        if sick and require_healthy:
+            reasons = {gpu_of(d): health[gpu_of(d)].reason for d in sick}
+            detail = "; ".join(f"{gpus[u].index} ({u}): {r}" for u, r in reasons.items())
+            raise DeviceUnhealthy(f"unhealthy device(s) {_listing(sick)}; GPU {detail}")
+        chosen = {gpu_of(d) for d in ids}
+        return [g for g in inventory.gpus if g.uuid in chosen]
+
+    def preferred(self, resource: str, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
+        """GetPreferredAllocation for one container (raises PreferenceError on impossible input)."""
+        return preferred_allocation(self.resources[resource], self.inventory(), available, must, size)
+
+    # ----- health thread ---------------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        try:
+            inventory = self.source.inventory()
+        except SourceUnavailable as exc:
+            self._state.last_error = str(exc)
+            raise
+        with self._lock:
+            self._state = _State(
+                inventory=inventory,
+                tracker=HealthTracker([g.uuid for g in inventory.gpus], self.health.ignored_xids),
+                version=self._state.version + 1,
+                # Allocate checks IDs against this on every call; GPU-memory nodes have thousands.
+                known={
+                    name: frozenset(d for g in inventory.gpus for d in device_ids(spec, g))
+                    for name, spec in self.resources.items()
+                },
+            )
+        log_event(
+            "gpus_discovered",
+            count=len(inventory.gpus),
+            driver=inventory.driver_version,
+            models=",".join(sorted({g.model for g in inventory.gpus})),
+        )
+        self._notify()
+
+    def _run(self) -> None:
+        next_probe = 0.0
+        while not self._stop.is_set():
+            if self._state.inventory is None:
+                try:
+                    self._discover()
+                except SourceUnavailable as exc:
+                    log_event("nvml_unavailable", level="warning", error=str(exc), action="retrying")
+                    self._stop.wait(self.start_settings.retry_interval_s)
+                continue
+            if not self.health.enabled:
+                self._stop.wait(3600)
+                continue
+            now = time.monotonic()
+            if now >= next_probe:
+                self._probe_all()
+                next_probe = now + self.health.probe_interval_s
+            while self._pending:
+                self._apply_event(self._pending.pop(0))
+            if self._events is None and not self._open_events():
+                self._stop.wait(min(self.health.probe_interval_s, max(0.0, next_probe - time.monotonic())))
+                continue
+            assert self._events is not None
+            try:
+                events = self._events.wait(min(_WAIT_SLICE_S, max(0.0, next_probe - time.monotonic())))
+            except SourceUnavailable as exc:
+                # The event set broke (driver gone, GPU lost mid-wait): find out who is affected now,
+                # then rebuild the event set once NVML answers again.
+                log_event("health_events_failed", level="warning", error=str(exc))
+                self._events.close()
+                self._events = None
+                next_probe = 0.0
+                continue
+            for event in events:
+                self._apply_event(event)
+
+    def _refresh_events(self) -> None:
+        """A GPU came back: event sets stop watching lost GPUs, so watch it again with a new set.
+
+        Done before anyone hears of the recovery, and gap-free: the new set exists before the old one
+        is drained and closed, so an event lands in at least one of them (a duplicate XID is harmless).
+        """
+        if self._events is None:
+            return  # the loop opens a fresh set anyway
+        old = self._events
+        if not self._open_events():
+            self._events = old
+            return
+        while drained := old.wait(0.001):
+            self._pending.extend(drained)
+        old.close()
+
+    def _open_events(self) -> bool:
+        try:
+            self._events = self.source.open_events([g.uuid for g in self.inventory().gpus])
+        except SourceUnavailable as exc:
+            log_event("health_events_unavailable", level="warning", error=str(exc), fallback="probe only")
+            return False
+        return True
+
+    def _apply_event(self, event: HealthEvent) -> None:
+        index = self._index(event.uuid)
+        self.metrics.inc("gpufleet_dp_health_events_total", kind=event.kind, code=str(event.code))
+        ignored = event.kind == HealthEventKind.XID and event.code in self.health.ignored_xids
+        log_event(
+            "health_event", kind=event.kind, gpu=index, uuid=event.uuid, code=event.code, ignored=ignored
+        )
+        with self._lock:
+            changes = self._state.tracker.on_event(event)
+        if event.uuid is not None and not ignored:
+            # A critical XID often means the GPU is gone (79: fallen off the bus): look now, before
+            # anyone is told, so the lost state is on record even if a reset follows at once.
+            changes += self._probe_changes(event.uuid)
+        self._changed(changes)
+
+    def _probe_all(self) -> None:
+        for gpu in self.inventory().gpus:
+            self._probe(gpu.uuid)
+
+    def _probe(self, uuid: str) -> None:
+        self._changed(self._probe_changes(uuid))
+
+    def _probe_changes(self, uuid: str) -> list[Transition]:
+        result = self.source.probe(uuid)
+        with self._lock:
+            return self._state.tracker.on_probe(uuid, result)
+
+    def _changed(self, changes: list[Transition]) -> None:
+        if not changes:
+            return
+        with self._lock:
+            self._state.version += 1
+        if any(c.after.healthy for c in changes):
+            self._refresh_events()
+        for change in changes:
+            self.metrics.inc(
+                "gpufleet_dp_health_transitions_total", to="healthy" if change.after.healthy else "unhealthy"
+            )
+            log_event(
+                "gpu_health_changed",
+                level="info" if change.after.healthy else "warning",
+                gpu=self._index(change.uuid),
+                uuid=change.uuid,
+                healthy=change.after.healthy,
+                reason=change.after.reason or change.before.reason,
+            )
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for callback in listeners:
+            try:
+                callback()
+            except Exception as exc:  # a broken listener must not stop health checking
+                log_event("listener_failed", level="error", error=repr(exc))
+
+    def _index(self, uuid: str | None) -> int | str:
+        if uuid is None:
+            return "all"
+        gpu = self.inventory().by_uuid().get(uuid)
+        return gpu.index if gpu else "?"
+
+
+def _listing(ids: Sequence[str]) -> str:
+    shown = ", ".join(ids[:_LISTED])
+    return shown if len(ids) <= _LISTED else f"{shown} and {len(ids) - _LISTED} more"

@@ -1,0 +1,126 @@
+"""The data the resource manager works on, and the seam to GPU discovery (`DeviceSource`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class TopologyLevel(IntEnum):
+    """NVML's nvmlGpuTopologyLevel_t: how far apart two GPUs sit on the PCIe tree."""
+
+    INTERNAL = 0  # same board
+    SINGLE = 10  # one PCIe switch between them (PIX)
+    MULTIPLE = 20  # several PCIe switches, no host bridge (PXB)
+    HOSTBRIDGE = 30  # through one host bridge (PHB)
+    NODE = 40  # host bridges of one NUMA node
+    SYSTEM = 50  # across NUMA nodes (SYS)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as discovery reports it."""
+
+    index: int
+    uuid: str
+    minor: int
+    model: str
+    memory_bytes: int
+    cc: tuple[int, int]
+    numa: int | None
+    bus_id: str
+    # Peer GPU UUID -> number of NVLinks joining the two (through NVSwitches: every peer reachable
+    # over the fabric, counted as `nvidia-smi topo -m` shows it, e.g. NV12).
+    nvlinks: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def memory_gib(self) -> int:
+        """Whole GiB of memory: the unit of the GPU-memory resource (rounded down, never promised twice)."""
+        return self.memory_bytes // GIB
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Everything discovery knows about the node's GPUs."""
+
+    gpus: tuple[GpuInfo, ...]
+    # (uuid_a, uuid_b) -> NVML topology level, both orders present; missing pairs mean unknown.
+    topology: Mapping[tuple[str, str], TopologyLevel] = field(default_factory=dict)
+    driver_version: str = ""
+    cuda_driver_version: int = 0  # NVML's encoding: 12020 means 12.2
+    nvswitch_count: int = 0
+
+    def by_uuid(self) -> dict[str, GpuInfo]:
+        """Map UUID -> GPU."""
+        return {g.uuid: g for g in self.gpus}
+
+    def level(self, a: str, b: str) -> TopologyLevel | None:
+        """Topology level between two GPUs, None when discovery could not tell."""
+        return self.topology.get((a, b))
+
+
+class HealthEventKind:
+    """Kinds of health events a source delivers."""
+
+    XID = "xid"
+    ECC_DBE = "ecc-dbe"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """Something NVML reported about one GPU (uuid) or all of them (uuid None)."""
+
+    kind: str
+    uuid: str | None
+    code: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The outcome of asking NVML whether a GPU is usable right now."""
+
+    usable: bool
+    detail: str = ""
+
+
+class SourceUnavailable(Exception):
+    """NVML (or discovery as a whole) cannot be used right now; the message says why."""
+
+
+class EventStream(Protocol):
+    """Blocking access to a source's health events."""
+
+    def wait(self, timeout_s: float) -> Sequence[HealthEvent]:
+        """Block until events arrive or `timeout_s` passes (then return an empty sequence)."""
+        ...
+
+    def close(self) -> None:
+        """Release the underlying NVML event set."""
+        ...
+
+
+class DeviceSource(Protocol):
+    """What the resource manager needs from GPU discovery."""
+
+    def inventory(self) -> NodeInventory:
+        """Discover the GPUs; raise SourceUnavailable when NVML cannot be used."""
+        ...
+
+    def open_events(self, uuids: Sequence[str]) -> EventStream:
+        """Start receiving XID / ECC events for these GPUs; raise SourceUnavailable on failure."""
+        ...
+
+    def probe(self, uuid: str) -> Probe:
+        """Check that NVML can reach and query the GPU now."""
+        ...
+
+    def close(self) -> None:
+        """Release NVML."""
+        ...
