@@ -81,6 +81,13 @@ class Nvml:
             self._handles[index] = self.call(f"GPU {index}", self.nv.nvmlDeviceGetHandleByIndex, index)
         return self._handles[index]
 
+    def probe(self, index: int) -> str:
+        """The UUID GPU `index` answers with now: one cheap call, for health probes.
+
+        Raises NvmlGpuLost (or another NvmlError) when the GPU cannot be reached.
+        """
+        return _text(self.call(f"GPU {index}", self.nv.nvmlDeviceGetUUID, self.handle(index)))
+
     def driver_version(self) -> str:
         """Userspace driver version, i.e. the version of the loaded libnvidia-ml."""
         return _text(self.call("driver version", self.nv.nvmlSystemGetDriverVersion))

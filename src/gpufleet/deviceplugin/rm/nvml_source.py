@@ -35,11 +35,12 @@ class _Events:
         from gpufleet.gpu import NvmlError
 
         try:
-            for event in self.monitor.events(timeout=timeout_s):
-                return [HealthEvent(_KINDS.get(event.kind, event.kind), event.uuid, int(event.code))]
+            event = self.monitor.next_event(timeout=timeout_s)
         except NvmlError as exc:
             raise SourceUnavailable(str(exc)) from None
-        return []
+        if event is None:
+            return []
+        return [HealthEvent(_KINDS.get(event.kind, event.kind), event.uuid, int(event.code))]
 
     def close(self) -> None:
         self.monitor.close()
@@ -142,11 +143,11 @@ class NvmlDeviceSource:
 
         try:
             nv = self._open()
-            gpu = nv.gpu(self._index[uuid])
+            answered = nv.probe(self._index[uuid])
         except (GpuError, SourceUnavailable) as exc:
             return Probe(False, str(exc))
-        if gpu.uuid != uuid:
-            return Probe(False, f"index {self._index[uuid]} now holds {gpu.uuid}")
+        if answered != uuid:
+            return Probe(False, f"index {self._index[uuid]} now holds {answered}")
         return Probe(True)
 
     def close(self) -> None:
