@@ -1,0 +1,99 @@
+"""The lab's pure decisions (no root, no cluster): versions, scheduler config, node networks, runc wrapper."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.lab import node, oci_runtime
+from gpufleet.lab.cluster import scheduler_config
+from gpufleet.lab.k8s_build import upstream_version
+from gpufleet.lab.process import LabError
+
+EXTENDER = {"urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter"}
+
+
+@pytest.mark.parametrize(
+    ("debian", "upstream"),
+    [("1.20.5+really1.20.2-1.1+deb12u1", "1.20.2"), ("1:1.28.4-2", "1.28.4"), ("1.20.2~rc1-1", "1.20.2")],
+)
+def test_upstream_version_follows_really_and_drops_epoch_and_revision(debian: str, upstream: str) -> None:
+    assert upstream_version(debian) == upstream
+
+
+def test_scheduler_config_from_extenders_list_binds_health_to_loopback() -> None:
+    config = scheduler_config([EXTENDER], kubeconfig=Path("/k"), health_port=1234)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1beta1"
+    assert config["extenders"] == [EXTENDER]
+    assert config["healthzBindAddress"] == config["metricsBindAddress"] == "127.0.0.1:1234"
+    assert config["clientConnection"] == {"kubeconfig": "/k"}
+    assert "profiles" not in config
+
+
+def test_scheduler_config_takes_only_shared_fields_of_a_v1_file(tmp_path: Path) -> None:
+    handed = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": "/elsewhere"},
+        "extenders": [EXTENDER],
+        "percentageOfNodesToScore": 50,
+    }
+    path = tmp_path / "sched.yaml"
+    path.write_text(yaml.safe_dump(handed))
+    config = scheduler_config(path, kubeconfig=Path("/k"), health_port=1, scheduler_name="gpu")
+    assert config["apiVersion"].endswith("/v1beta1")
+    assert config["clientConnection"] == {"kubeconfig": "/k"}
+    assert config["extenders"] == [EXTENDER]
+    assert config["percentageOfNodesToScore"] == 50
+    assert config["profiles"] == [{"schedulerName": "gpu"}]
+
+
+def test_scheduler_config_rejects_extender_without_url() -> None:
+    with pytest.raises(ValueError, match="urlPrefix"):
+        scheduler_config({"extenders": [{"filterVerb": "filter"}]}, kubeconfig=Path("/k"), health_port=1)
+
+
+def test_node_network_skips_every_overlapping_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = [ipaddress.ip_network("198.51.100.0/29"), ipaddress.ip_network("10.0.0.0/8")]
+    monkeypatch.setattr(node, "machine_networks", lambda: taken)
+    assert node.pick_node_network() == ipaddress.ip_network("198.51.100.8/30")
+
+
+def test_node_network_refuses_when_all_documentation_ranges_are_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = [ipaddress.ip_network(block) for block in node.NODE_NETWORKS]
+    monkeypatch.setattr(node, "machine_networks", lambda: taken)
+    with pytest.raises(LabError, match="overlaps"):
+        node.pick_node_network()
+
+
+def test_veth_names_fit_ifnamsiz() -> None:
+    host, peer = node.veth_names("abcd_123", 9)
+    assert len(host) <= 15 and len(peer) <= 15 and host != peer
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["create", "--bundle", "/b", "id"],
+        ["--root", "/r", "create", "--bundle=/b", "id"],
+        ["run", "-b", "/b", "x"],
+    ],
+)
+def test_oci_wrapper_finds_bundle(args: list[str]) -> None:
+    assert oci_runtime.bundle_of(args) == Path("/b")
+
+
+def test_oci_wrapper_clamps_only_negative_oom_score_adj(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"process": {"oomScoreAdj": -998, "args": ["/pause"]}}))
+    assert oci_runtime.clamp_oom_score_adj(config)
+    assert json.loads(config.read_text())["process"] == {"oomScoreAdj": 0, "args": ["/pause"]}
+    config.write_text(json.dumps({"process": {"oomScoreAdj": 500}}))
+    assert not oci_runtime.clamp_oom_score_adj(config)
+    assert json.loads(config.read_text())["process"]["oomScoreAdj"] == 500
