@@ -15,6 +15,7 @@ lab: bootstrap
 
 ## Everything CI runs: linters, then the whole test suite.
 test: bootstrap lint
+	$(VENV)/gpufleet lab build
 	$(VENV)/pytest
 
 lint:

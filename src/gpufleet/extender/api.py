@@ -1,0 +1,154 @@
+"""The scheduler extender protocol (k8s.io/kube-scheduler/extender/v1) on top of the decisions.
+
+The Go types carry no JSON tags, so the wire names are the Go field names: ExtenderArgs{Pod, Nodes,
+NodeNames}, ExtenderFilterResult{Nodes, NodeNames, FailedNodes, FailedAndUnresolvableNodes, Error},
+HostPriorityList [{Host, Score}], ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node},
+ExtenderBindingResult{Error}. Pod and Node inside are ordinary Kubernetes JSON.
+
+Structural problems (not JSON, missing fields, wrong types) raise `BadRequest` (HTTP 400); a pod whose
+GPU request makes no sense gets a 200 result whose Error says why, as the scheduler expects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpufleet.extender.binder import Binder, BindError
+from gpufleet.extender.metrics import Metrics
+from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
+from gpufleet.extender.scheduling import Candidates, filter_nodes, prioritize_nodes
+from gpufleet.extender.state import ClusterState
+
+
+class BadRequest(ValueError):
+    """The request body is not a well-formed extender message."""
+
+
+def _pod(args: Any) -> Mapping[str, Any]:
+    if not isinstance(args, dict):
+        raise BadRequest("body must be a JSON object (ExtenderArgs)")
+    pod = args.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequest("ExtenderArgs.Pod is missing or not an object")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BadRequest("ExtenderArgs.Pod.metadata.name is missing")
+    return pod
+
+
+def _candidates(args: Mapping[str, Any]) -> tuple[Candidates, bool]:
+    """The candidate nodes and whether they came as names (nodeCacheCapable) or Node objects."""
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
+        return names, True
+    nodes = args.get("Nodes")
+    if nodes is not None:
+        items = nodes.get("items") if isinstance(nodes, dict) else None
+        if items is None and isinstance(nodes, dict):
+            items = []
+        if not isinstance(items, list) or not all(
+            isinstance(n, dict) and isinstance((n.get("metadata") or {}).get("name"), str) for n in items
+        ):
+            raise BadRequest("ExtenderArgs.Nodes must be a NodeList whose items have metadata.name")
+        return items, False
+    raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes")
+
+
+class ExtenderApi:
+    """filter / prioritize / bind as dict-in, dict-out calls (the HTTP server adds only transport)."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        binder: Binder,
+        metrics: Metrics,
+        node_policy: Policy = Policy.BINPACK,
+        gpu_policy: Policy = Policy.BINPACK,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.binder = binder
+        self.metrics = metrics
+        self.node_policy = node_policy
+        self.gpu_policy = gpu_policy
+        self.clock = clock
+
+    def filter(self, args: Any) -> dict[str, Any]:
+        """ExtenderArgs -> ExtenderFilterResult."""
+        pod = _pod(args)
+        candidates, by_name = _candidates(args)
+        result: dict[str, Any] = {
+            "Nodes": None,
+            "NodeNames": None,
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
+        try:
+            req = parse_pod(pod)
+        except RequestError as exc:
+            result["Error"] = str(exc)
+            return result
+        if not self.state.synced:
+            result["Error"] = "gpufleet extender: cache not synced yet; retry"
+            return result
+        outcome = filter_nodes(self.state, req, candidates, self.gpu_policy, self.clock())
+        if by_name:
+            result["NodeNames"] = outcome.fits
+        else:
+            fit = set(outcome.fits)
+            items: Sequence[Mapping[str, Any]] = [n for n in candidates if not isinstance(n, str)]
+            result["Nodes"] = {
+                "apiVersion": "v1",
+                "kind": "NodeList",
+                "metadata": {},
+                "items": [n for n in items if n["metadata"]["name"] in fit],
+            }
+        # Unresolvable nodes go in both maps: newer schedulers let FailedAndUnresolvableNodes take
+        # precedence, and 1.20 (which ignores that field) still gets the reason into the pod's event.
+        result["FailedNodes"] = {**outcome.failed, **outcome.unresolvable}
+        result["FailedAndUnresolvableNodes"] = outcome.unresolvable
+        result["Error"] = outcome.error
+        self.metrics.inc("gpufleet_extender_filter_nodes_total", len(outcome.fits), outcome="fit")
+        self.metrics.inc("gpufleet_extender_filter_nodes_total", len(outcome.failed), outcome="failed")
+        self.metrics.inc(
+            "gpufleet_extender_filter_nodes_total", len(outcome.unresolvable), outcome="unresolvable"
+        )
+        return result
+
+    def prioritize(self, args: Any) -> list[dict[str, Any]]:
+        """ExtenderArgs -> HostPriorityList (scores 0..MaxExtenderPriority)."""
+        pod = _pod(args)
+        candidates, _ = _candidates(args)
+        try:
+            req: GpuRequest | None = parse_pod(pod)
+        except RequestError:
+            req = None  # filter already told the scheduler; a priority list cannot carry an error
+        if req is None or not self.state.synced:
+            names = [c if isinstance(c, str) else c["metadata"]["name"] for c in candidates]
+            return [{"Host": name, "Score": 0} for name in names]
+        scores = prioritize_nodes(
+            self.state, req, candidates, self.node_policy, self.gpu_policy, self.clock()
+        )
+        return [{"Host": name, "Score": score} for name, score in scores]
+
+    def bind(self, args: Any) -> dict[str, Any]:
+        """ExtenderBindingArgs -> ExtenderBindingResult."""
+        if not isinstance(args, dict):
+            raise BadRequest("body must be a JSON object (ExtenderBindingArgs)")
+        for key in ("PodName", "Node"):
+            if not isinstance(args.get(key), str) or not args[key]:
+                raise BadRequest(f"ExtenderBindingArgs.{key} is missing")
+        namespace = args.get("PodNamespace") or "default"
+        uid = args.get("PodUID") or ""
+        if not isinstance(namespace, str) or not isinstance(uid, str):
+            raise BadRequest("ExtenderBindingArgs.PodNamespace and PodUID must be strings")
+        try:
+            self.binder.bind(namespace, args["PodName"], uid, args["Node"])
+        except BindError as exc:
+            return {"Error": f"gpufleet extender: {exc}"}
+        return {"Error": ""}

@@ -1,0 +1,267 @@
+"""Per-node decisions, free of I/O and locks: does a request fit this node, and on which GPUs.
+
+A node is seen through three facts: its published GPUs (`NodeInfo`), GiB in use per GPU uuid, and the
+number of whole GPUs held by pods whose devices the kubelet chose (their positions are unknown to us).
+Every function here is deterministic so filter, prioritize and bind agree given the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpufleet.extender.model import SHARING_LABEL, SHARING_MEMORY, ContainerAssignment, Gpu, NodeInfo
+from gpufleet.extender.request import ContainerRequest, GpuRequest, Policy
+
+# Pair weights for multi-GPU sets: NVLink is what the request is about; a shared NUMA node only breaks ties.
+_NVLINK = 1.0
+_SAME_NUMA = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request would go on one node, and the figures prioritize scores it by."""
+
+    containers: tuple[ContainerAssignment, ...]
+    whole: int
+    utilization: float
+    topology: float
+    capability: tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A node's answer: a placement, or why not and whether freeing GPUs (preemption) could help."""
+
+    placement: Placement | None
+    reason: str = ""
+    unresolvable: bool = False
+
+    @property
+    def fits(self) -> bool:
+        """Whether the request fits."""
+        return self.placement is not None
+
+
+def _fail(reason: str, unresolvable: bool = False) -> Verdict:
+    return Verdict(None, reason, unresolvable)
+
+
+def link(a: Gpu, b: Gpu) -> float:
+    """How well two GPUs talk: NVLink beats a shared NUMA node beats nothing."""
+    if b.uuid in a.nvlink_peers or a.uuid in b.nvlink_peers:
+        return _NVLINK
+    if a.numa is not None and a.numa == b.numa:
+        return _SAME_NUMA
+    return 0.0
+
+
+def set_topology(gpus: Sequence[Gpu]) -> float:
+    """Mean pair link quality of a GPU set, in [0, 1]; a single GPU is perfect."""
+    pairs = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    if not pairs:
+        return 1.0
+    return sum(link(a, b) for a, b in pairs) / len(pairs)
+
+
+def choose_gpus(
+    candidates: Sequence[Gpu],
+    count: int,
+    share: int,
+    used: Mapping[str, int],
+    policy: Policy,
+    most_capable: bool,
+) -> tuple[list[Gpu], float] | None:
+    """Pick `count` GPUs for `share` GiB each; multi-GPU sets favour NVLink, then the policy."""
+    if len(candidates) < count:
+        return None
+
+    def order(gpu: Gpu) -> tuple[int, ...]:
+        free_after = gpu.memory_gib - used.get(gpu.uuid, 0) - share
+        fill = free_after if policy is Policy.BINPACK else -free_after
+        capability = tuple(-c for c in gpu.capability) if most_capable else ()
+        return (*capability, fill, gpu.index)
+
+    if count == 1:
+        return [min(candidates, key=order)], 1.0
+    ranked = sorted(candidates, key=order)
+    best: tuple[float, int, list[Gpu]] | None = None
+    for rank, seed in enumerate(ranked):
+        chosen = [seed]
+        rest = [g for g in ranked if g is not seed]
+        while len(chosen) < count:
+            # Greedy growth: the candidate best linked to the set so far; `rest` is in policy order,
+            # so max() keeps the policy's favourite among equally linked ones.
+            pick = max(rest, key=lambda g: sum(link(g, c) for c in chosen))
+            chosen.append(pick)
+            rest.remove(pick)
+        quality = set_topology(chosen)
+        if best is None or quality > best[0] + 1e-9:
+            best = (quality, rank, chosen)
+    assert best is not None
+    return best[2], best[0]
+
+
+def qualifying(info: NodeInfo, req: GpuRequest) -> Sequence[Gpu]:
+    """The node's healthy GPUs that meet the request's model and capability constraints."""
+    if not req.constrained:
+        return info.healthy
+    verdicts = [req.gpu_qualifies(tokens, cc) for tokens, cc in info.kinds]
+    if all(verdicts):
+        return info.healthy
+    if not any(verdicts):
+        return ()
+    return [g for g in info.healthy if req.gpu_qualifies(g.tokens, g.cc)]
+
+
+def utilization(info: NodeInfo, used: Mapping[str, int], whole_held: int) -> float:
+    """Share of the node's healthy GPU capacity in use, in [0, 1]; each GPU counts equally."""
+    healthy = info.healthy
+    if not healthy:
+        return 0.0
+    busy = sum(min(1.0, used.get(g.uuid, 0) / g.memory_gib) if g.memory_gib else 1.0 for g in healthy)
+    return min(1.0, (busy + whole_held) / len(healthy))
+
+
+def _place_containers(
+    gpus: Sequence[Gpu],
+    containers: Sequence[ContainerRequest],
+    used: Mapping[str, int],
+    most_capable: bool,
+    policy: Policy,
+) -> tuple[list[ContainerAssignment], dict[str, int], float, tuple[int, int, int]] | ContainerRequest:
+    """Place the containers on the qualifying `gpus` one after another; the misfit container on failure."""
+    now_used = dict(used)
+    out: list[ContainerAssignment] = []
+    topologies: list[float] = []
+    capability = (0, 0, 0)
+    for container in containers:
+        share = container.share
+        candidates = [g for g in gpus if g.memory_gib - now_used.get(g.uuid, 0) >= share]
+        picked = choose_gpus(candidates, container.gpus, share, now_used, policy, most_capable)
+        if picked is None:
+            return container
+        chosen, quality = picked
+        for gpu in chosen:
+            now_used[gpu.uuid] = now_used.get(gpu.uuid, 0) + share
+            capability = max(capability, gpu.capability)
+        if container.gpus > 1:
+            topologies.append(quality)
+        out.append(ContainerAssignment(container.name, container.gib, tuple(g.uuid for g in chosen)))
+    topology = sum(topologies) / len(topologies) if topologies else 1.0
+    return out, now_used, topology, capability
+
+
+def _needs(share: int, count: int) -> str:
+    return f"{share} GiB on each of {count} GPUs" if count > 1 else f"{share} GiB on one GPU"
+
+
+def shortfall(share: int, count: int, most_free: int) -> str:
+    """The reason a node with room in principle has too little free memory now."""
+    return (
+        f"not enough free GPU memory: needs {_needs(share, count)}; "
+        f"the most free on a qualifying GPU is {most_free} GiB"
+    )
+
+
+def _mem_shortfall(
+    gpus: Sequence[Gpu], used: Mapping[str, int], req: GpuRequest, container: ContainerRequest, static: bool
+) -> str:
+    what = _needs(container.share, container.gpus)
+    if not gpus:
+        wanted = req.describe_constraints()
+        return f"no healthy GPU{' with ' + wanted if wanted else ''} (needs {what})"
+    if static:
+        biggest = max(g.memory_gib for g in gpus)
+        return f"needs {what}; the largest qualifying healthy GPU has {biggest} GiB"
+    most_free = max(g.memory_gib - used.get(g.uuid, 0) for g in gpus)
+    return shortfall(container.share, container.gpus, most_free)
+
+
+def _static_misfit(gpus: Sequence[Gpu], req: GpuRequest, policy: Policy) -> ContainerRequest | None:
+    """The container that could not fit even on the idle node (preemption cannot help), if any."""
+    if len(req.mem) == 1:
+        container = req.mem[0]
+        roomy = sum(1 for g in gpus if g.memory_gib >= container.share)
+        return container if roomy < container.gpus else None
+    empty = _place_containers(gpus, req.mem, {}, req.most_capable, policy)
+    return empty if isinstance(empty, ContainerRequest) else None
+
+
+def _evaluate_mem(
+    info: NodeInfo, used: Mapping[str, int], whole_held: int, req: GpuRequest, policy: Policy, now: float
+) -> Verdict:
+    if not info.sharing:
+        return _fail(f"node does not share GPU memory (label {SHARING_LABEL}={SHARING_MEMORY} absent)", True)
+    gpus = qualifying(info, req)
+    misfit = _static_misfit(gpus, req, policy)
+    if misfit is not None:
+        return _fail(_mem_shortfall(gpus, {}, req, misfit, static=True), True)
+    lock = info.lock
+    if lock is not None and lock.live(now) and lock.pod_uid != req.uid:
+        return _fail(
+            f"node busy: GPU-memory hand-off in progress for {lock.pod_key} "
+            f"(lock expires in {max(0, int(lock.expires - now))}s)"
+        )
+    if whole_held:
+        return _fail(
+            f"node runs {whole_held} whole-GPU pod device(s) at GPUs unknown to the extender; "
+            "memory sharing resumes when they end"
+        )
+    placed = _place_containers(gpus, req.mem, used, req.most_capable, policy)
+    if isinstance(placed, ContainerRequest):
+        return _fail(_mem_shortfall(gpus, used, req, placed, static=False))
+    containers, now_used, topology, capability = placed
+    return Verdict(Placement(tuple(containers), 0, utilization(info, now_used, 0), topology, capability))
+
+
+def _evaluate_whole(
+    info: NodeInfo, used: Mapping[str, int], whole_held: int, req: GpuRequest, policy: Policy
+) -> Verdict:
+    if info.sharing:
+        return _fail("node shares GPU memory; whole GPUs (nvidia.com/gpu) are not offered there", True)
+    healthy = info.healthy
+    if len(healthy) < req.whole:
+        return _fail(f"node has {len(healthy)} healthy GPUs; the pod needs {req.whole}", True)
+    if req.constrained:
+        misfits = [g for g in healthy if not req.gpu_qualifies(g.tokens, g.cc)]
+        if len(misfits) == len(healthy):
+            return _fail(f"no healthy GPU with {req.describe_constraints()}", True)
+        if misfits:
+            # The kubelet, not the extender, picks whole GPUs; only a node where every GPU qualifies
+            # guarantees the pod the GPU it asked for.
+            return _fail(
+                f"node mixes GPUs; {len(misfits)} of its healthy GPUs lack "
+                f"{req.describe_constraints()} and the kubelet may pick any",
+                True,
+            )
+    free = [g for g in healthy if used.get(g.uuid, 0) == 0]
+    available = len(free) - whole_held
+    if available < req.whole:
+        return _fail(f"not enough free GPUs: needs {req.whole}, {max(0, available)} free")
+    # Which GPUs the kubelet takes is its choice (steered NVLink-first by the device plugin), so the
+    # topology figure is the best set among GPUs that carry no shares; exact only when none are held.
+    picked = choose_gpus(free, req.whole, 0, used, policy, False) if req.whole > 1 else (free[:1], 1.0)
+    topology = picked[1] if picked else 0.0
+    capability = min(g.capability for g in free)
+    return Verdict(
+        Placement((), req.whole, utilization(info, used, whole_held + req.whole), topology, capability)
+    )
+
+
+def evaluate(
+    info: NodeInfo,
+    used: Mapping[str, int],
+    whole_held: int,
+    req: GpuRequest,
+    gpu_policy: Policy,
+    now: float,
+) -> Verdict:
+    """Decide one node for one request, and where on it the request would go."""
+    if req.kind == "none":
+        return Verdict(Placement((), 0, utilization(info, used, whole_held), 1.0, (0, 0, 0)))
+    if info.gpu_error:
+        return _fail(info.gpu_error, True)
+    if req.kind == "mem":
+        return _evaluate_mem(info, used, whole_held, req, gpu_policy, now)
+    return _evaluate_whole(info, used, whole_held, req, gpu_policy)

@@ -1,0 +1,611 @@
+"""The extender's view of the cluster: nodes, GPU pods, and who holds which GiB on which GPU.
+
+Fed by watches (it is the `ClusterSink` the cluster sources call) and by the binder's reservations. All
+accounting is keyed by pod UID, and each UID contributes exactly one usage at a time — its in-process
+reservation while a bind is running or settling, otherwise what its annotations and `spec.nodeName`
+say — so a restart (rebuild from annotations), a replayed watch event or a bind racing its own watch
+event can neither lose nor double-count an assignment.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.extender.model import (
+    ALLOCATED_ANNOTATION,
+    ASSIGNMENT_ANNOTATION,
+    Assignment,
+    ContainerAssignment,
+    Gpu,
+    NodeInfo,
+    node_info,
+)
+from gpufleet.extender.placement import Placement, Verdict, evaluate, qualifying, utilization
+from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod, whole_gpus
+
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(slots=True)
+class PodUsage:
+    """What one pod holds on one node: GiB per GPU uuid and whole GPUs at kubelet-chosen positions."""
+
+    uid: str
+    key: str
+    node: str
+    shares: dict[str, int]
+    whole: int
+    containers: tuple[ContainerAssignment, ...]
+    # "assigned" (bound, annotated), "binding" (annotated, Binding not seen yet), "reserved" (this
+    # process is binding it), "whole" (bound, whole GPUs).
+    status: str
+
+    def same_claim(self, other: PodUsage | None) -> bool:
+        """Whether `other` claims exactly the same resources (status aside)."""
+        return (
+            other is not None
+            and other.node == self.node
+            and other.shares == self.shares
+            and other.whole == self.whole
+        )
+
+
+@dataclass(slots=True)
+class PodRecord:
+    """A GPU-relevant pod as last seen from the API."""
+
+    uid: str
+    key: str
+    node_name: str | None
+    terminal: bool
+    whole: int
+    request: GpuRequest | None
+    request_error: str | None
+    assignment: Assignment | None
+    assignment_error: str | None
+    allocated: str
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A claim by this process's binder; authoritative until the bind settles and the watch catches up."""
+
+    usage: PodUsage
+    created: float
+    in_flight: bool = True
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    """One node's GPUs and ledger, with summaries the filter's fast path reads."""
+
+    name: str
+    info: NodeInfo | None = None
+    used: dict[str, int] = field(default_factory=dict)
+    whole: int = 0
+    pods: dict[str, PodUsage] = field(default_factory=dict)
+    # Summaries, recomputed whenever the node or its ledger changes (which bumps `version`); the
+    # filter's hot loop reads these flat fields instead of walking GPUs.
+    largest: int = 0
+    max_free: int = -1
+    util: float = 0.0
+    ready: bool = False  # shares memory, GPUs parse, no whole-GPU pods: memory pods may fit
+    lock_uid: str = ""
+    lock_expires: float = 0.0
+    version: int = 0
+    # Per GPU constraint: (version, free GiB, total GiB) of the qualifying GPUs, largest first.
+    views: dict[Any, tuple[int, tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    # Per GPU constraint: the qualifying GPUs and their total GiB sorted; reset when the node changes.
+    qualified: dict[Any, tuple[tuple[Gpu, ...], tuple[int, ...]]] = field(default_factory=dict)
+    # Per request shape: (version, verdict) for prioritize; see scheduling.prioritize_nodes.
+    verdicts: dict[Any, tuple[int, Verdict]] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        """Recompute the summaries from the node's GPUs and ledger."""
+        self.version += 1
+        info = self.info
+        lock = info.lock if info is not None else None
+        self.lock_uid, self.lock_expires = (lock.pod_uid, lock.expires) if lock is not None else ("", 0.0)
+        if info is None or info.gpu_error:
+            self.largest, self.max_free, self.util, self.ready = 0, -1, 0.0, False
+            return
+        self.ready = info.sharing and self.whole == 0
+        self.largest = max((g.memory_gib for g in info.healthy), default=0)
+        self.max_free = max((g.memory_gib - self.used.get(g.uuid, 0) for g in info.healthy), default=-1)
+        self.util = utilization(info, self.used, self.whole)
+
+    def view(self, req: GpuRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Free and total GiB of the GPUs qualifying for `req`, each sorted largest first.
+
+        Cached per constraint until the node or its ledger changes, so a burst of similar pods costs
+        one pass over the GPUs per node, not one per pod.
+        """
+        key = (req.models, req.min_cc)
+        hit = self.views.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1], hit[2]
+        # Which GPUs qualify depends on the node alone, not its ledger: keep that across ledger changes.
+        known = self.qualified.get(key)
+        if known is None:
+            assert self.info is not None
+            if len(self.qualified) >= 32:  # many distinct constraints: start over rather than grow
+                self.qualified.clear()
+            gpus = tuple(qualifying(self.info, req))
+            known = self.qualified[key] = (gpus, tuple(sorted((g.memory_gib for g in gpus), reverse=True)))
+        gpus, total = known
+        free = tuple(sorted((g.memory_gib - self.used.get(g.uuid, 0) for g in gpus), reverse=True))
+        if len(self.views) >= 32:
+            self.views.clear()
+        self.views[key] = (self.version, free, total)
+        return free, total
+
+
+def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
+    """Reduce a Pod to what accounting needs; None for pods that touch no GPU."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    request: GpuRequest | None = None
+    request_error: str | None = None
+    try:
+        request = parse_pod(obj)
+    except RequestError as exc:
+        request_error = str(exc)
+    assignment: Assignment | None = None
+    assignment_error: str | None = None
+    raw = annotations.get(ASSIGNMENT_ANNOTATION)
+    if raw:
+        try:
+            assignment = Assignment.from_json(raw)
+        except ValueError as exc:
+            assignment_error = str(exc)
+    try:
+        # Counted apart from the full parse: a typo in a preference annotation must not hide GPUs in use.
+        whole = whole_gpus(spec)
+    except RequestError:
+        whole = 0
+    relevant = (
+        request_error is not None
+        or raw is not None
+        or whole > 0
+        or (request is not None and request.kind != "none")
+    )
+    if not relevant:
+        return None
+    return PodRecord(
+        uid=str(meta.get("uid") or ""),
+        key=f"{meta.get('namespace') or 'default'}/{meta.get('name')}",
+        node_name=spec.get("nodeName") or None,
+        terminal=status.get("phase") in _TERMINAL_PHASES,
+        whole=whole,
+        request=request,
+        request_error=request_error,
+        assignment=assignment,
+        assignment_error=assignment_error,
+        allocated=str(annotations.get(ALLOCATED_ANNOTATION, "")),
+    )
+
+
+class ClusterState:
+    """Thread-safe cache and GPU ledger: the watch feeds it, filter/prioritize read it, bind reserves."""
+
+    def __init__(
+        self,
+        lock_ttl: float = 60.0,
+        reservation_ttl: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.lock_ttl = lock_ttl
+        self.reservation_ttl = reservation_ttl
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._nodes: dict[str, NodeEntry] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._contrib: dict[str, PodUsage] = {}
+        # UIDs whose claim is "binding" (expires with time): all a sweep needs to look at.
+        self._binding: set[str] = set()
+        # Memory-ready nodes -> (most free GiB on a healthy GPU, largest healthy GPU, lock expiry, lock
+        # holder UID): the filter's plain request reads one tuple per node (see scheduling.filter_nodes).
+        self.plain_index: dict[str, tuple[int, int, float, str]] = {}
+        self._synced: set[str] = set()
+        self.watch_error: str | None = None
+
+    # ------------------------------------------------------------------ sink for cluster sources
+
+    def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full node list (initial list or relist): what is absent is gone."""
+        with self.lock:
+            seen = set()
+            for obj in objs:
+                name = self._put_node(obj)
+                if name:
+                    seen.add(name)
+            for name in [n for n, e in self._nodes.items() if e.info is not None and n not in seen]:
+                self._drop_node(name)
+            self._synced.add("nodes")
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        """A node was added or changed."""
+        with self.lock:
+            self._put_node(obj)
+
+    def delete_node(self, obj: Mapping[str, Any]) -> None:
+        """A node was deleted."""
+        name = (obj.get("metadata") or {}).get("name")
+        with self.lock:
+            if name in self._nodes:
+                self._drop_node(name)
+
+    def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full pod list: rebuild every observed claim from annotations; reservations stay."""
+        with self.lock:
+            seen = set()
+            for obj in objs:
+                uid = self._put_pod(obj)
+                if uid:
+                    seen.add(uid)
+            for uid in [u for u in self._pods if u not in seen]:
+                self._forget_pod(uid)
+            self._synced.add("pods")
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        """A pod was added or changed."""
+        with self.lock:
+            self._put_pod(obj)
+
+    def delete_pod(self, obj: Mapping[str, Any]) -> None:
+        """A pod was deleted: its claim and any reservation for it are released."""
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        with self.lock:
+            self._reservations.pop(uid, None)
+            self._forget_pod(uid)
+
+    def set_watch_error(self, message: str | None) -> None:
+        """Record (or clear) the last watch failure, for /healthz and /readyz."""
+        self.watch_error = message
+
+    @property
+    def synced(self) -> bool:
+        """Whether both the node and the pod lists have arrived at least once."""
+        return {"nodes", "pods"} <= self._synced
+
+    # ------------------------------------------------------------------ internals
+
+    def _entry(self, name: str) -> NodeEntry:
+        entry = self._nodes.get(name)
+        if entry is None:
+            entry = self._nodes[name] = NodeEntry(name)
+        return entry
+
+    def _put_node(self, obj: Mapping[str, Any]) -> str | None:
+        try:
+            info = node_info(obj)
+        except ValueError:
+            return None
+        entry = self._entry(info.name)
+        entry.info = info
+        entry.qualified.clear()
+        self._refresh(entry)
+        return info.name
+
+    def _refresh(self, entry: NodeEntry) -> None:
+        entry.refresh()
+        if entry.ready:
+            self.plain_index[entry.name] = (entry.max_free, entry.largest, entry.lock_expires, entry.lock_uid)
+        else:
+            self.plain_index.pop(entry.name, None)
+
+    def _drop_node(self, name: str) -> None:
+        entry = self._nodes[name]
+        entry.info = None
+        self._refresh(entry)
+        if not entry.pods:
+            del self._nodes[name]
+
+    def _put_pod(self, obj: Mapping[str, Any]) -> str | None:
+        record = pod_record(obj)
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if record is None or not uid:
+            if uid in self._pods:
+                self._forget_pod(uid)
+            return None
+        self._pods[uid] = record
+        reservation = self._reservations.get(uid)
+        if reservation is not None and not reservation.in_flight and record.node_name:
+            # Bound and visible: from here on the annotations are the record, not our memory.
+            del self._reservations[uid]
+        self._apply(uid)
+        return uid
+
+    def _forget_pod(self, uid: str) -> None:
+        self._pods.pop(uid, None)
+        self._apply(uid)
+
+    def _observed(self, record: PodRecord, now: float) -> PodUsage | None:
+        if record.terminal:
+            return None
+        shares: dict[str, int] = {}
+        containers: tuple[ContainerAssignment, ...] = ()
+        node: str | None = None
+        status = "whole"
+        assignment = record.assignment
+        if assignment is not None:
+            if record.node_name == assignment.node:
+                status = "assigned"
+            elif record.node_name is None and now < assignment.ts + self.lock_ttl:
+                # Annotated but the Binding is not visible (yet): a bind is running somewhere, or died
+                # after annotating. Count it until the lock it held would have expired.
+                status = "binding"
+            if status != "whole":
+                node, shares, containers = assignment.node, assignment.shares(), assignment.containers
+        whole = record.whole if record.node_name else 0
+        if whole:
+            if node is not None and node != record.node_name:
+                shares, containers = {}, ()
+            node = record.node_name
+        if node is None:
+            return None
+        return PodUsage(record.uid, record.key, node, shares, whole, containers, status)
+
+    def _effective(self, uid: str) -> PodUsage | None:
+        reservation = self._reservations.get(uid)
+        if reservation is not None:
+            return reservation.usage
+        record = self._pods.get(uid)
+        return self._observed(record, self.clock()) if record is not None else None
+
+    def _apply(self, uid: str) -> None:
+        """Make the ledger hold exactly the effective claim of `uid`."""
+        new = self._effective(uid)
+        old = self._contrib.get(uid)
+        if old is new or (
+            new is not None and new.same_claim(old) and old is not None and old.status == new.status
+        ):
+            return
+        touched: set[str] = set()
+        if old is not None:
+            entry = self._nodes.get(old.node)
+            if entry is not None:
+                for uuid, gib in old.shares.items():
+                    left = entry.used.get(uuid, 0) - gib
+                    if left > 0:
+                        entry.used[uuid] = left
+                    else:
+                        entry.used.pop(uuid, None)
+                entry.whole -= old.whole
+                entry.pods.pop(uid, None)
+                touched.add(old.node)
+            del self._contrib[uid]
+        if new is not None:
+            entry = self._entry(new.node)
+            for uuid, gib in new.shares.items():
+                entry.used[uuid] = entry.used.get(uuid, 0) + gib
+            entry.whole += new.whole
+            entry.pods[uid] = new
+            self._contrib[uid] = new
+            touched.add(new.node)
+        if new is not None and new.status == "binding":
+            self._binding.add(uid)
+        else:
+            self._binding.discard(uid)
+        for name in touched:
+            entry = self._nodes[name]
+            self._refresh(entry)
+            if entry.info is None and not entry.pods:
+                del self._nodes[name]
+
+    # ------------------------------------------------------------------ queries
+
+    def entry(self, name: str) -> NodeEntry | None:
+        """The node's entry (call with `lock` held to read it consistently)."""
+        return self._nodes.get(name)
+
+    def entries(self) -> dict[str, NodeEntry]:
+        """All entries (call with `lock` held)."""
+        return self._nodes
+
+    def own_usage(self, uid: str) -> PodUsage | None:
+        """The claim a pod already holds (a retried bind, a stale annotation)."""
+        return self._contrib.get(uid) if uid else None
+
+    def ledger(self, node: str, exclude_uid: str) -> tuple[dict[str, int], int]:
+        """A copy of the node's GiB per GPU and whole GPUs held, leaving out one pod's own claim."""
+        with self.lock:
+            entry = self._nodes.get(node)
+            used = dict(entry.used) if entry else {}
+            whole = entry.whole if entry else 0
+            own = self.own_usage(exclude_uid)
+            if own is not None and own.node == node:
+                for uuid, gib in own.shares.items():
+                    used[uuid] = used.get(uuid, 0) - gib
+                whole -= own.whole
+            return used, whole
+
+    def evaluate(self, req: GpuRequest, info: NodeInfo, policy: Policy, now: float) -> Verdict:
+        """Decide `info` for `req` against the ledger, leaving out what `req`'s own pod already holds."""
+        with self.lock:
+            entry = self._nodes.get(info.name)
+            used: Mapping[str, int] = entry.used if entry else {}
+            whole = entry.whole if entry else 0
+            own = self.own_usage(req.uid)
+            if own is not None and own.node == info.name:
+                used = {u: g - own.shares.get(u, 0) for u, g in used.items()}
+                whole -= own.whole
+            return evaluate(info, used, whole, req, policy, now)
+
+    # ------------------------------------------------------------------ reservations (binder)
+
+    def reserve(self, req: GpuRequest, node: str, placement: Placement, now: float) -> PodUsage:
+        """Claim `placement` for the pod; replaces any claim the pod had."""
+        shares: dict[str, int] = {}
+        for container in placement.containers:
+            for uuid, gib in container.shares().items():
+                shares[uuid] = shares.get(uuid, 0) + gib
+        usage = PodUsage(req.uid, req.key, node, shares, placement.whole, placement.containers, "reserved")
+        with self.lock:
+            self._reservations[req.uid] = Reservation(usage, now)
+            self._apply(req.uid)
+        return usage
+
+    def plan_and_reserve(self, req: GpuRequest, info: NodeInfo, policy: Policy, now: float) -> Verdict:
+        """Evaluate and, if it fits, reserve — atomically, so two binds in this process cannot share GiB."""
+        with self.lock:
+            verdict = self.evaluate(req, info, policy, now)
+            if verdict.placement is not None:
+                self.reserve(req, info.name, verdict.placement, now)
+            return verdict
+
+    def release(self, uid: str) -> None:
+        """Drop the pod's reservation (bind failed); its observed claim, if any, applies again."""
+        with self.lock:
+            if self._reservations.pop(uid, None) is not None:
+                self._apply(uid)
+
+    def settle(self, uid: str) -> None:
+        """The bind succeeded: keep the reservation only until the watch shows the pod bound."""
+        with self.lock:
+            reservation = self._reservations.get(uid)
+            if reservation is None:
+                return
+            reservation.in_flight = False
+            record = self._pods.get(uid)
+            if record is not None and record.node_name:
+                del self._reservations[uid]
+                self._apply(uid)
+
+    def sweep(self) -> list[str]:
+        """Expire time-bound claims: stale "binding" annotations and settled reservations never confirmed."""
+        now = self.clock()
+        dropped = []
+        with self.lock:
+            for uid, reservation in list(self._reservations.items()):
+                if not reservation.in_flight and now - reservation.created > self.reservation_ttl:
+                    del self._reservations[uid]
+                    dropped.append(uid)
+                    self._apply(uid)
+            for uid in list(self._binding):
+                self._apply(uid)
+        return dropped
+
+    def reservation_count(self) -> int:
+        """How many reservations are held (in flight or settling)."""
+        with self.lock:
+            return len(self._reservations)
+
+    # ------------------------------------------------------------------ inspection
+
+    def inspect_node(self, name: str) -> dict[str, Any] | None:
+        """One node's GPUs, memory used/free and which pods hold what (JSON-ready)."""
+        with self.lock:
+            entry = self._nodes.get(name)
+            if entry is None:
+                return None
+            return self._describe(entry)
+
+    def inspect(self) -> dict[str, Any]:
+        """Every node plus cluster totals (JSON-ready)."""
+        with self.lock:
+            nodes = {name: self._describe(e) for name, e in sorted(self._nodes.items())}
+            unassigned = sorted(
+                r.key
+                for r in self._pods.values()
+                if r.node_name
+                and not r.terminal
+                and r.request is not None
+                and r.request.kind == "mem"
+                and (r.assignment is None or r.assignment.node != r.node_name)
+            )
+            return {
+                "synced": self.synced,
+                "watch_error": self.watch_error,
+                "reservations": len(self._reservations),
+                "totals": self.totals(),
+                # GPU-memory pods bound without (or against) an assignment: the device plugin refuses them.
+                "unassigned_gpu_mem_pods": unassigned,
+                "nodes": nodes,
+            }
+
+    def totals(self) -> dict[str, int]:
+        """Cluster-wide GPU and memory figures."""
+        with self.lock:
+            gpus = healthy = mem = used = 0
+            for entry in self._nodes.values():
+                if entry.info is None:
+                    continue
+                for gpu in entry.info.gpus:
+                    gpus += 1
+                    if gpu.healthy:
+                        healthy += 1
+                        mem += gpu.memory_gib
+                        used += min(gpu.memory_gib, entry.used.get(gpu.uuid, 0))
+            return {
+                "nodes": sum(1 for e in self._nodes.values() if e.info is not None),
+                "gpus": gpus,
+                "healthy_gpus": healthy,
+                "memory_gib": mem,
+                "memory_used_gib": used,
+                "pods": len(self._contrib),
+            }
+
+    def _describe(self, entry: NodeEntry) -> dict[str, Any]:
+        info = entry.info
+        per_gpu: dict[str, list[dict[str, Any]]] = {}
+        for usage in entry.pods.values():
+            for container in usage.containers:
+                for uuid, gib in container.shares().items():
+                    per_gpu.setdefault(uuid, []).append(
+                        {
+                            "pod": usage.key,
+                            "uid": usage.uid,
+                            "container": container.name,
+                            "gib": gib,
+                            "status": usage.status,
+                        }
+                    )
+        gpus = []
+        known = set()
+        for gpu in info.gpus if info else ():
+            known.add(gpu.uuid)
+            used = entry.used.get(gpu.uuid, 0)
+            gpus.append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "model": gpu.model,
+                    "memory_gib": gpu.memory_gib,
+                    "cc": f"{gpu.cc[0]}.{gpu.cc[1]}",
+                    "healthy": gpu.healthy,
+                    "used_gib": used,
+                    "free_gib": max(0, gpu.memory_gib - used) if gpu.healthy else 0,
+                    "pods": per_gpu.get(gpu.uuid, []),
+                }
+            )
+        lock = info.lock if info else None
+        return {
+            "known": info is not None,
+            "sharing": bool(info and info.sharing),
+            "mps": bool(info and info.mps),
+            "error": info.gpu_error if info else "node not in the extender's cache",
+            "bind_lock": (
+                {
+                    "pod": lock.pod_key,
+                    "uid": lock.pod_uid,
+                    "expires": lock.expires,
+                    "live": lock.live(self.clock()),
+                }
+                if lock
+                else None
+            ),
+            "gpus": gpus,
+            # Claims on GPUs the node no longer publishes (replaced or renamed cards).
+            "orphans": {u: per_gpu[u] for u in per_gpu if u not in known},
+            "whole_gpus_held": entry.whole,
+            "whole_gpu_pods": sorted(u.key for u in entry.pods.values() if u.whole),
+            "utilization": round(entry.util, 4),
+        }

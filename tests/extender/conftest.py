@@ -1,0 +1,42 @@
+"""Fixtures: a fake clock, an in-memory API, and extenders running over it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from extender_builders import FakeClock
+
+from gpufleet.extender.memory import InMemoryCluster
+from gpufleet.extender.service import Extender
+from gpufleet.extender.settings import Settings
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock shared by the cluster and the extender."""
+    return FakeClock()
+
+
+@pytest.fixture
+def cluster(clock: FakeClock) -> InMemoryCluster:
+    """An empty in-memory API."""
+    return InMemoryCluster(clock)
+
+
+@pytest.fixture
+def start_extender(cluster: InMemoryCluster, clock: FakeClock) -> Iterator[Callable[..., Extender]]:
+    """Start extenders over `cluster` (several calls: several replicas); all stop at teardown."""
+    started: list[Extender] = []
+
+    def start(target: InMemoryCluster | None = None, **overrides: Any) -> Extender:
+        extender = Extender(Settings(**overrides), target or cluster, clock)
+        extender.start()
+        assert extender.wait_synced(5.0)
+        started.append(extender)
+        return extender
+
+    yield start
+    for extender in started:
+        extender.stop()

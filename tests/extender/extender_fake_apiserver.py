@@ -1,0 +1,248 @@
+"""A Kubernetes API server stand-in over HTTP, backed by InMemoryCluster, for testing `KubeCluster`.
+
+It speaks just the endpoints the extender uses (list/watch/get/merge-patch nodes and pods, pods/binding),
+answers errors as `Status` objects with the right codes, keeps an event log so a watch from a
+resourceVersion replays what it missed, and answers 410 for versions older than the log.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from gpufleet.extender.cluster import ApiError
+from gpufleet.extender.memory import InMemoryCluster
+
+
+class _Recorder:
+    """A ClusterSink that appends every change to the fake's event log."""
+
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.fake = fake
+
+    def replace_nodes(self, objs: Any) -> None:
+        pass
+
+    def replace_pods(self, objs: Any) -> None:
+        pass
+
+    def upsert_node(self, obj: dict[str, Any]) -> None:
+        self.fake.record("nodes", "MODIFIED", obj)
+
+    def delete_node(self, obj: dict[str, Any]) -> None:
+        self.fake.record("nodes", "DELETED", obj)
+
+    def upsert_pod(self, obj: dict[str, Any]) -> None:
+        self.fake.record("pods", "MODIFIED", obj)
+
+    def delete_pod(self, obj: dict[str, Any]) -> None:
+        self.fake.record("pods", "DELETED", obj)
+
+    def set_watch_error(self, message: str | None) -> None:
+        pass
+
+
+class FakeApiServer:
+    """Serve `cluster` at `self.url` until `close()`."""
+
+    def __init__(self, cluster: InMemoryCluster, port: int = 0) -> None:
+        self.cluster = cluster
+        self.events: list[tuple[int, str, str, dict[str, Any]]] = []
+        self.oldest = 0  # watches from before this resourceVersion get 410 Gone
+        self.requests: list[tuple[str, str, str, Any]] = []  # method, path, content type, body
+        self.cond = threading.Condition()
+        self.stop = threading.Event()
+        self._recorder = threading.Thread(
+            target=cluster.watch, args=(_Recorder(self), self.stop), daemon=True
+        )
+        self._recorder.start()
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
+        self.server.daemon_threads = True
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def record(self, kind: str, change: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            self.events.append((int(obj["metadata"]["resourceVersion"]), kind, change, obj))
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget the event log, as etcd compaction does: older watches must relist."""
+        with self.cond:
+            self.oldest = int(self.cluster.snapshot()[2]) + 1
+            self.events.clear()
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "code": code,
+    }
+
+
+def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.1 with chunked watch bodies, as the real API server streams them: each event arrives
+        # as its own chunk, so the client sees it at once.
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _send(self, code: int, doc: Any) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            return json.loads(data) if data else None
+
+        def _dispatch(self, method: str) -> None:
+            if fake.stop.is_set():
+                # An outage drops connections; a kept-alive one must not keep answering.
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            parts = urlsplit(self.path)
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            body = self._body() if method in ("PATCH", "POST") else None
+            fake.requests.append((method, parts.path, self.headers.get("Content-Type", ""), body))
+            segments = parts.path.strip("/").split("/")
+            try:
+                if segments[:2] != ["api", "v1"]:
+                    raise ApiError(f"no route {parts.path}", 404)
+                rest = segments[2:]
+                if rest in (["nodes"], ["pods"]) and method == "GET":
+                    if query.get("watch") == "true":
+                        self._watch(
+                            rest[0],
+                            int(query.get("resourceVersion", "0")),
+                            float(query.get("timeoutSeconds", "30")),
+                        )
+                    else:
+                        self._list(rest[0], query.get("fieldSelector", ""))
+                elif rest[:1] == ["nodes"] and len(rest) == 2:
+                    if method == "GET":
+                        self._send(200, fake.cluster.get_node(rest[1]))
+                    else:
+                        assert self.headers["Content-Type"] == "application/merge-patch+json"
+                        meta = body["metadata"]
+                        self._send(
+                            200,
+                            fake.cluster.patch_node_annotations(
+                                rest[1], meta["annotations"], meta["resourceVersion"]
+                            ),
+                        )
+                elif rest[:1] == ["namespaces"] and rest[2:3] == ["pods"] and len(rest) == 4:
+                    namespace, name = rest[1], rest[3]
+                    if method == "GET":
+                        self._send(200, fake.cluster.get_pod(namespace, name))
+                    else:
+                        assert self.headers["Content-Type"] == "application/merge-patch+json"
+                        meta = body["metadata"]
+                        self._send(
+                            200,
+                            fake.cluster.patch_pod_annotations(
+                                namespace,
+                                name,
+                                meta.get("uid", ""),
+                                meta["annotations"],
+                                meta.get("resourceVersion"),
+                            ),
+                        )
+                elif rest[:1] == ["namespaces"] and rest[4:] == ["binding"] and method == "POST":
+                    assert body["kind"] == "Binding" and body["target"]["kind"] == "Node"
+                    fake.cluster.bind_pod(
+                        rest[1], rest[3], body["metadata"].get("uid", ""), body["target"]["name"]
+                    )
+                    self._send(
+                        201,
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "metadata": {},
+                            "status": "Success",
+                            "code": 201,
+                        },
+                    )
+                else:
+                    raise ApiError(f"no route {method} {parts.path}", 404)
+            except ApiError as exc:
+                code = exc.status or 500
+                self._send(code, _status(code, str(exc)))
+
+        def _list(self, kind: str, selector: str) -> None:
+            nodes, pods, version = fake.cluster.snapshot()
+            items = nodes if kind == "nodes" else pods
+            if selector.startswith("spec.nodeName="):
+                wanted = selector.split("=", 1)[1]
+                items = [p for p in items if (p.get("spec") or {}).get("nodeName") == wanted]
+            self._send(
+                200,
+                {
+                    "kind": "List",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": version},
+                    "items": items,
+                },
+            )
+
+        def _watch(self, kind: str, since: int, timeout: float) -> None:
+            if since < fake.oldest - 1:
+                self._send(410, _status(410, "too old resource version"))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            deadline = time.monotonic() + timeout
+            position = 0
+            while not fake.stop.is_set() and time.monotonic() < deadline:
+                with fake.cond:
+                    position = min(position, len(fake.events))  # the log was compacted
+                    pending = [e for e in fake.events[position:] if e[1] == kind and e[0] > since]
+                    position = len(fake.events)
+                    if not pending:
+                        fake.cond.wait(0.05)
+                        continue
+                for version, _, change, obj in pending:
+                    line = json.dumps({"type": change, "object": obj}).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    since = version
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            if fake.stop.is_set():
+                self.close_connection = True
+
+        def do_GET(self) -> None:
+            self._dispatch("GET")
+
+        def do_PATCH(self) -> None:
+            self._dispatch("PATCH")
+
+        def do_POST(self) -> None:
+            self._dispatch("POST")
+
+    return Handler

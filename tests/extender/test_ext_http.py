@@ -1,0 +1,254 @@
+"""The server on an ephemeral loopback port: verbs, keep-alive, read-only endpoints, bad input, HTTPS."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from extender_builders import load_fixture
+
+from gpufleet.extender.server import ExtenderServer, make_server
+from gpufleet.extender.settings import Settings
+
+
+def serve(extender: Any, settings: Settings) -> ExtenderServer:
+    server = make_server(extender, settings)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def world(cluster, start_extender):  # type: ignore[no-untyped-def]
+    doc = load_fixture("cluster.json")
+    for n in doc["nodes"]:
+        cluster.add_node(n)
+    for p in doc["pods"]:
+        cluster.add_pod(p)
+    cluster.add_pod(load_fixture("filter_nodenames.json")["Pod"])
+    return start_extender()
+
+
+@pytest.fixture
+def server(world) -> Iterator[ExtenderServer]:  # type: ignore[no-untyped-def]
+    settings = Settings(listen_address="127.0.0.1", port=0, url_prefix="/gpufleet")
+    srv = serve(world, settings)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def request(
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    response = conn.getresponse()
+    payload = response.read()
+    kind = response.getheader("Content-Type", "")
+    return response.status, json.loads(payload) if kind.startswith("application/json") else payload.decode()
+
+
+def connect(server: ExtenderServer) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+
+
+def test_scheduler_verbs_over_one_keep_alive_connection(server) -> None:  # type: ignore[no-untyped-def]
+    conn = connect(server)
+    status, result = request(conn, "POST", "/gpufleet/filter", load_fixture("filter_nodenames.json"))
+    assert status == 200 and sorted(result["NodeNames"]) == ["dgx-a100-0", "hgx-h100-0", "mixed-0"]
+    status, scores = request(conn, "POST", "/gpufleet/prioritize", load_fixture("filter_nodenames.json"))
+    assert status == 200 and {s["Host"] for s in scores} >= {"dgx-a100-0"}
+    status, result = request(conn, "POST", "/gpufleet/bind", load_fixture("bind.json"))
+    assert (status, result) == (200, {"Error": ""})
+    conn.close()
+
+
+def test_full_nodes_mode_over_http(server) -> None:  # type: ignore[no-untyped-def]
+    status, result = request(connect(server), "POST", "/gpufleet/filter", load_fixture("filter_nodes.json"))
+    assert status == 200 and len(result["Nodes"]["items"]) == 3 and result["NodeNames"] is None
+
+
+def test_read_only_endpoints(server) -> None:  # type: ignore[no-untyped-def]
+    conn = connect(server)
+    assert request(conn, "GET", "/healthz") == (200, {"status": "ok"})
+    assert request(conn, "GET", "/gpufleet/readyz")[1]["ready"] is True
+    status, version = request(conn, "GET", "/version")
+    assert status == 200 and version["component"] == "gpufleet-extender"
+    status, inspect = request(conn, "GET", "/gpufleet/inspect")
+    assert status == 200 and inspect["synced"] and inspect["totals"]["nodes"] == 6
+    status, one = request(conn, "GET", "/gpufleet/inspect/dgx-a100-0")
+    assert (
+        status == 200
+        and one["gpus"][0]["used_gib"] == 60
+        and one["gpus"][0]["pods"][0]["pod"] == "ml/train-7f9c"
+    )
+    assert request(conn, "GET", "/gpufleet/inspect/ghost")[0] == 404
+    request(conn, "POST", "/gpufleet/filter", load_fixture("filter_nodenames.json"))
+    status, text = request(conn, "GET", "/metrics")
+    assert status == 200
+    assert 'gpufleet_extender_requests_total{code="200",verb="filter"} 1' in text
+    assert 'gpufleet_extender_gpu_memory_gib{state="total"}' in text
+    assert "# TYPE gpufleet_extender_request_seconds histogram" in text
+
+
+def test_readyz_is_unavailable_until_synced(server, world) -> None:  # type: ignore[no-untyped-def]
+    world.state._synced.clear()
+    status, body = request(connect(server), "GET", "/readyz")
+    assert status == 503 and body["ready"] is False
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "status", "message"),
+    [
+        ("/gpufleet/filter", b"{not json", 400, "not JSON"),
+        ("/gpufleet/filter", b'{"NodeNames": []}', 400, "Pod"),
+        ("/gpufleet/prioritize", b"[1, 2]", 400, "JSON object"),
+        ("/gpufleet/bind", b'{"PodName": "x"}', 400, "Node"),
+        ("/gpufleet/bind", b"\xff\xfe", 400, "not JSON"),
+        ("/gpufleet/preempt", b"{}", 404, "no verb"),
+    ],
+)
+def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, path, raw, status, message) -> None:  # type: ignore[no-untyped-def]
+    conn = connect(server)
+    got, body = request(conn, "POST", path, raw=raw)
+    assert got == status and message in body["Error"]
+    # Same connection, next request works.
+    assert request(conn, "GET", "/healthz")[0] == 200
+
+
+def test_missing_length_and_oversized_bodies_are_refused(world) -> None:  # type: ignore[no-untyped-def]
+    srv = serve(world, Settings(listen_address="127.0.0.1", port=0, url_prefix="/", max_body_mib=1))
+    try:
+        conn = connect(srv)
+        conn.putrequest("POST", "/filter")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        conn.send(b"0\r\n\r\n")
+        response = conn.getresponse()
+        assert response.status == 411
+        response.read()
+        conn.close()
+        conn = connect(srv)
+        conn.putrequest("POST", "/filter")
+        conn.putheader("Content-Length", str(1024 * 1024 + 1))  # announced, never sent
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 413
+        response.read()
+        assert request(connect(srv), "GET", "/healthz")[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_an_internal_error_is_a_500_not_a_crash(server, world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def boom(args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(world.api, "filter", boom)
+    conn = connect(server)
+    status, body = request(conn, "POST", "/gpufleet/filter", {"Pod": {}})
+    assert status == 500 and "boom" in body["Error"]
+    assert request(conn, "GET", "/healthz")[0] == 200
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with the openssl CLI."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    d = tmp_path_factory.mktemp("pki")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=gpufleet-test-ca",
+        cwd=d,
+    )
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, ext in (("server", ["-extfile", "san.ext"]), ("client", [])):
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN=gpufleet-{name}",
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            *ext,
+            cwd=d,
+        )
+    return d
+
+
+def test_https_with_client_ca_requires_a_signed_client_certificate(world, pki) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(
+        listen_address="127.0.0.1",
+        port=0,
+        url_prefix="/gpufleet",
+        tls_cert_file=str(pki / "server.crt"),
+        tls_key_file=str(pki / "server.key"),
+        tls_client_ca_file=str(pki / "ca.crt"),
+    )
+    srv = serve(world, settings)
+    port = srv.server_address[1]
+    assert srv.url == f"https://127.0.0.1:{port}/gpufleet"
+    try:
+        trusting = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        anonymous = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            request(anonymous, "GET", "/healthz")
+        trusting.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
+        status, result = request(conn, "POST", "/gpufleet/filter", load_fixture("filter_nodenames.json"))
+        assert status == 200 and "dgx-a100-0" in result["NodeNames"]
+        # The failed handshake did not take the server down.
+        assert request(conn, "GET", "/healthz")[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()

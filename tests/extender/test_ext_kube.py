@@ -1,0 +1,210 @@
+"""`KubeCluster` — the real `kubernetes` client code path — against a fake API server over HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from extender_builders import machine, node, pod
+from extender_fake_apiserver import FakeApiServer
+
+from gpufleet.extender.cluster import ConflictError, InvalidError, NotFoundError, UnavailableError
+from gpufleet.extender.kube import KubeCluster
+from gpufleet.extender.service import Extender
+from gpufleet.extender.settings import Settings
+
+
+def kube_cluster(url: str, **kwargs: object) -> KubeCluster:
+    from kubernetes import client
+
+    configuration = client.Configuration()
+    configuration.host = url
+    return KubeCluster(client.ApiClient(configuration), timeout=5.0, **kwargs)  # type: ignore[arg-type]
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def fake(cluster) -> Iterator[FakeApiServer]:  # type: ignore[no-untyped-def]
+    cluster.add_node(node("n1", machine("a", 2, mem=16)))
+    cluster.add_node(node("w1", machine("w", 2), sharing=False))
+    cluster.add_pod(pod("p", mem=[6]))
+    server = FakeApiServer(cluster)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def kube_extender(fake, clock) -> Iterator[Extender]:  # type: ignore[no-untyped-def]
+    ext = Extender(Settings(), kube_cluster(fake.url, watch_timeout=1), clock)
+    ext.start()
+    assert ext.wait_synced(10)
+    yield ext
+    ext.stop()
+
+
+def test_extender_over_the_kubernetes_client_syncs_filters_and_binds(fake, cluster, kube_extender) -> None:  # type: ignore[no-untyped-def]
+    ext = kube_extender
+    assert ext.state.totals()["nodes"] == 2
+    assert ext.api.filter({"Pod": pod("p", mem=[6]), "NodeNames": ["n1", "w1"]})["NodeNames"] == ["n1"]
+    assert ext.api.bind(
+        {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-default-p", "Node": "n1"}
+    ) == {"Error": ""}
+    bound = next(p for p in cluster.pods() if p["metadata"]["name"] == "p")
+    assert bound["spec"]["nodeName"] == "n1" and "gpufleet.io/assignment" in bound["metadata"]["annotations"]
+
+    writes = [(m, path, kind, body) for m, path, kind, body in fake.requests if m != "GET"]
+    assert [(m, path) for m, path, _, _ in writes] == [
+        ("PATCH", "/api/v1/nodes/n1"),
+        ("PATCH", "/api/v1/namespaces/default/pods/p"),
+        ("POST", "/api/v1/namespaces/default/pods/p/binding"),
+    ]
+    node_patch, pod_patch, binding = (body for _, _, _, body in writes)
+    assert writes[0][2] == writes[1][2] == "application/merge-patch+json"
+    assert (
+        node_patch["metadata"]["resourceVersion"]
+        and "gpufleet.io/bind-lock" in node_patch["metadata"]["annotations"]
+    )
+    assert pod_patch["metadata"]["uid"] == "uid-default-p" and pod_patch["metadata"]["resourceVersion"]
+    assert binding["metadata"]["uid"] == "uid-default-p" and binding["target"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "n1",
+    }
+    # The quorum re-check listed the node's pods with a field selector.
+    assert ("GET", "/api/v1/pods") in [(m, path) for m, path, _, _ in fake.requests]
+
+    # The watch brings the bind back, then the device plugin's unlock.
+    eventually(lambda: ext.state.reservation_count() == 0)
+    cluster.complete_allocations()
+    eventually(lambda: ext.state.inspect_node("n1")["bind_lock"] is None)
+    assert sum(g["used_gib"] for g in ext.state.inspect_node("n1")["gpus"]) == 6
+
+
+def test_api_errors_map_to_the_extenders_error_kinds(fake, cluster) -> None:  # type: ignore[no-untyped-def]
+    kube = kube_cluster(fake.url)
+    with pytest.raises(NotFoundError):
+        kube.get_node("ghost")
+    version = kube.get_node("n1")["metadata"]["resourceVersion"]
+    with pytest.raises(ConflictError):
+        kube.patch_node_annotations("n1", {"x": "1"}, str(int(version) - 1))
+    with pytest.raises(InvalidError) as invalid:
+        kube.patch_pod_annotations("default", "p", "wrong-uid", {"x": "1"})
+    assert invalid.value.status == 422
+    patched = kube.patch_node_annotations("n1", {"x": "1"}, version)
+    assert patched["metadata"]["annotations"]["x"] == "1"
+    assert (
+        "x"
+        not in kube.patch_node_annotations("n1", {"x": None}, patched["metadata"]["resourceVersion"])[
+            "metadata"
+        ]["annotations"]
+    )
+    assert [p["metadata"]["name"] for p in kube.list_pods_on_node("n1")] == []
+    kube.bind_pod("default", "p", "uid-default-p", "n1")
+    assert [p["metadata"]["name"] for p in kube.list_pods_on_node("n1")] == ["p"]
+    with pytest.raises(ConflictError):
+        kube.bind_pod("default", "p", "uid-default-p", "n1")
+
+
+def test_unreachable_api_server_is_unavailable_not_a_crash() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    kube = kube_cluster(f"http://127.0.0.1:{port}")
+    with pytest.raises(UnavailableError):
+        kube.get_node("n1")
+
+
+def test_watch_relists_after_the_event_log_was_compacted(fake, cluster, kube_extender) -> None:  # type: ignore[no-untyped-def]
+    ext = kube_extender
+    fake.compact()  # the next watch reconnect (every second here) gets 410 Gone and must relist
+    extra = node("n2", machine("b", 1, mem=24))
+    fake.compact()
+    cluster.add_node(extra)
+    fake.compact()  # the event itself is gone too: only a relist can find n2
+    eventually(lambda: ext.state.entry("n2") is not None, timeout=10)
+    assert ext.state.watch_error is None or "410" not in ext.state.watch_error
+
+
+def test_watch_reports_and_recovers_from_an_api_outage(cluster, clock) -> None:  # type: ignore[no-untyped-def]
+    cluster.add_node(node("n1", machine("a", 1)))
+    server = FakeApiServer(cluster)
+    port = server.server.server_address[1]
+    ext = Extender(Settings(), kube_cluster(server.url, watch_timeout=1), clock)
+    ext.start()
+    try:
+        assert ext.wait_synced(10)
+        server.close()
+        eventually(lambda: ext.state.watch_error is not None, timeout=10)
+        assert ext.state.inspect()["totals"]["nodes"] == 1  # still answering from the cache
+        server = FakeApiServer(cluster, port=port)
+        cluster.add_node(node("n2", machine("b", 1)))
+        eventually(lambda: ext.state.watch_error is None and ext.state.entry("n2") is not None, timeout=10)
+    finally:
+        ext.stop()
+        server.close()
+
+
+def test_serve_command_runs_against_an_api_server_and_stops_on_sigterm(fake, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{fake.url}'}}}}]\n"
+        "users: [{name: nobody, user: {}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: nobody}}]\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.extender",
+            "serve",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--listen-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def ready() -> bool:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/readyz")
+                return conn.getresponse().status == 200
+            except OSError:
+                return False
+
+        eventually(ready, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request(
+            "POST", "/gpufleet/filter", body=json.dumps({"Pod": pod("p", mem=[6]), "NodeNames": ["n1"]})
+        )
+        assert json.loads(conn.getresponse().read())["NodeNames"] == ["n1"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = proc.stderr.read() if proc.stderr else ""
+    assert "event=serving" in log and "event=stopping signal=SIGTERM" in log and "event=stopped" in log
