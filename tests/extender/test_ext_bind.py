@@ -85,7 +85,7 @@ def test_lock_conflicts_are_retried_with_a_fresh_read(two_nodes, start_extender)
     ext = start_extender()
     cluster.inject("patch_node_annotations", ConflictError("modified"), times=2)
     assert bind(ext, "p", "n1") == ""
-    assert ext.metrics.counter("gpufleet_extender_lock_conflicts_total") == 2
+    assert ext.metrics.get("gpufleet_extender_lock_conflicts_total") == 2
 
 
 def test_persistent_lock_conflicts_fail_cleanly(two_nodes, start_extender) -> None:  # type: ignore[no-untyped-def]
@@ -105,7 +105,7 @@ def test_unreachable_api_server_gives_an_error_and_no_placement(two_nodes, start
     assert "connection refused" in bind(ext, "p", "n1")
     cluster.unreachable = False
     assert_clean(cluster, ext, "p", "n1")
-    assert ext.metrics.counter("gpufleet_extender_binds_total", result="error", reason="api_unavailable") == 1
+    assert ext.metrics.get("gpufleet_extender_binds_total", result="error", reason="api_unavailable") == 1
 
 
 @pytest.mark.parametrize(

@@ -111,8 +111,8 @@ def test_concurrent_binds_across_two_replicas_never_over_commit(cluster, start_e
         assert ext.state.reservation_count() == 0
     # The race was real: binds met locked nodes or lost resourceVersion races and were retried.
     contention = sum(
-        ext.metrics.counter("gpufleet_extender_binds_total", result="error", reason="node_busy")
-        + ext.metrics.counter("gpufleet_extender_lock_conflicts_total")
+        ext.metrics.get("gpufleet_extender_binds_total", result="error", reason="node_busy")
+        + ext.metrics.get("gpufleet_extender_lock_conflicts_total")
         for ext in replicas
     )
     assert contention > 0

@@ -12,7 +12,6 @@ from gpufleet.deviceplugin import config as configuration
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
 from gpufleet.deviceplugin.gpumem.resolver import KubernetesPodResolver, PodResolver
 from gpufleet.deviceplugin.labels import NodePublisher
-from gpufleet.deviceplugin.logs import log_event, setup_logging
 from gpufleet.deviceplugin.metrics import HttpEndpoint, Metrics
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions
 from gpufleet.deviceplugin.plugin.kubelet import Supervisor
@@ -20,6 +19,7 @@ from gpufleet.deviceplugin.plugin.server import DevicePluginService, PluginServe
 from gpufleet.deviceplugin.rm.devices import ResourceKind
 from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager, StartSettings
 from gpufleet.deviceplugin.rm.model import DeviceSource, SourceUnavailable
+from gpufleet.logs import log_event, setup_logging
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 1

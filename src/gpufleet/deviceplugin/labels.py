@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.rm.health import GpuHealth
 from gpufleet.deviceplugin.rm.model import MIB, NodeInventory
+from gpufleet.logs import log_event
 
 GPUS_ANNOTATION = "gpufleet.io/gpus"
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")

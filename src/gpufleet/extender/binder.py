@@ -28,7 +28,6 @@ from gpufleet.extender.cluster import (
     NotFoundError,
     UnavailableError,
 )
-from gpufleet.extender.logs import log_event
 from gpufleet.extender.metrics import Metrics
 from gpufleet.extender.model import (
     ASSIGNMENT_ANNOTATION,
@@ -41,6 +40,7 @@ from gpufleet.extender.model import (
 from gpufleet.extender.placement import Placement, evaluate
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
 from gpufleet.extender.state import ClusterState, pod_record
+from gpufleet.logs import log_event
 
 LOCK_ATTEMPTS = 3
 

@@ -17,9 +17,9 @@ from dataclasses import fields
 from typing import Any
 
 from gpufleet import __version__
-from gpufleet.extender.logs import log_event, setup_logging
 from gpufleet.extender.schedconfig import API_VERSIONS, SchedulerConfigError, SchedulerConfigOptions, render
 from gpufleet.extender.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+from gpufleet.logs import log_event, setup_logging
 
 
 def _add_serve(sub: Any) -> None:

@@ -24,7 +24,7 @@ from gpufleet.extender.cluster import (
     NotFoundError,
     UnavailableError,
 )
-from gpufleet.extender.logs import log_event
+from gpufleet.logs import log_event
 
 GONE = 410
 MERGE_PATCH = "application/merge-patch+json"

@@ -19,9 +19,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from gpufleet.extender.api import BadRequest
-from gpufleet.extender.logs import log_event
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
+from gpufleet.logs import log_event
 
 VERBS = ("filter", "prioritize", "bind")
 # Idle keep-alive connections are closed after this many seconds.

@@ -14,10 +14,10 @@ from gpufleet import __version__
 from gpufleet.extender.api import ExtenderApi
 from gpufleet.extender.binder import Binder
 from gpufleet.extender.cluster import ClusterSource
-from gpufleet.extender.logs import log_event
 from gpufleet.extender.metrics import Labels, Metrics
 from gpufleet.extender.settings import Settings
 from gpufleet.extender.state import ClusterState
+from gpufleet.logs import log_event
 
 
 class Extender:

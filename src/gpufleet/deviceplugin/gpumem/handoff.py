@@ -21,12 +21,12 @@ from gpufleet.deviceplugin.gpumem.resolver import (
     PodResolver,
     PodView,
 )
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.metrics import Metrics
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions, memory_response
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, HandoffError
 from gpufleet.deviceplugin.rm.health import GpuHealth
 from gpufleet.deviceplugin.rm.model import GpuInfo
+from gpufleet.logs import log_event
 
 _TERMINAL_PHASES = {"Succeeded", "Failed"}
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from gpufleet.deviceplugin.api import pb
 from gpufleet.deviceplugin.config import Config, MountSpec
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.rm.model import GpuInfo
+from gpufleet.logs import log_event
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 # Device nodes every CUDA process needs besides its GPUs' own, when the driver created them.

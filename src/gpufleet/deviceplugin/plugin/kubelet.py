@@ -19,9 +19,9 @@ import grpc
 from grpc import aio
 
 from gpufleet.deviceplugin.api import KUBELET_SOCKET, VERSION, pb, pb_grpc
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.metrics import Metrics
 from gpufleet.deviceplugin.plugin.server import PluginServer
+from gpufleet.logs import log_event
 
 IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080

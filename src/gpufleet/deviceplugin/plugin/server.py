@@ -18,13 +18,13 @@ import grpc
 from grpc import aio
 
 from gpufleet.deviceplugin.api import HEALTHY, UNHEALTHY, pb, pb_grpc
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.metrics import Metrics
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions, gpu_response
 from gpufleet.deviceplugin.rm.devices import PluginDevice, ResourceKind, ResourceSpec
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, InvalidRequest, NotReady, RequestError
 from gpufleet.deviceplugin.rm.manager import ResourceManager
 from gpufleet.deviceplugin.rm.preferred import PreferenceError
+from gpufleet.logs import log_event
 
 # More container requests than any pod could carry is a malformed or hostile request.
 MAX_CONTAINER_REQUESTS = 256
@@ -149,6 +149,17 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     creq.allocation_size,
                 )
                 resp.container_responses.add(deviceIDs=ids)
+                # The answer is advisory: logging it lets an operator (and the lab tests) compare it
+                # with the devices the kubelet then passes to Allocate.
+                log_event(
+                    "preferred",
+                    resource=self.spec.name,
+                    size=creq.allocation_size,
+                    available=len(creq.available_deviceIDs),
+                    must_include=",".join(creq.must_include_deviceIDs[:8]) or None,
+                    devices=",".join(ids[:8]),
+                    count=len(ids),
+                )
         except PreferenceError as exc:
             self.metrics.inc("gpufleet_dp_preferred_total", resource=self.spec.name, code="INVALID_ARGUMENT")
             log_event("preferred_refused", level="warning", resource=self.spec.name, error=str(exc))

@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.metrics import Metrics
 from gpufleet.deviceplugin.rm.devices import PluginDevice, ResourceSpec, build_devices, device_ids, gpu_of
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, InvalidRequest, NotReady
@@ -28,6 +27,7 @@ from gpufleet.deviceplugin.rm.model import (
     SourceUnavailable,
 )
 from gpufleet.deviceplugin.rm.preferred import preferred_allocation
+from gpufleet.logs import log_event
 
 # Longest single NVML event wait: bounds how long stop() waits for the thread, not how fast events arrive.
 _WAIT_SLICE_S = 0.5

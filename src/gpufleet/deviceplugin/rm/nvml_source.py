@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from gpufleet.deviceplugin.logs import log_event
 from gpufleet.deviceplugin.rm.model import (
     GpuInfo,
     HealthEvent,
@@ -17,6 +16,7 @@ from gpufleet.deviceplugin.rm.model import (
     SourceUnavailable,
     TopologyLevel,
 )
+from gpufleet.logs import log_event
 
 _KINDS = {
     "xid": HealthEventKind.XID,

@@ -1,6 +1,6 @@
-"""Structured logs for the extender: one event per line, `key=value` (default) or JSON.
+"""Structured logs for gpufleet's long-running programs: one event per line, `key=value` or JSON.
 
-The format matches the device plugin's, so one log pipeline parses both.
+The device plugin and the extender log through here, so one log pipeline parses both.
 """
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ import sys
 import time
 from typing import Any
 
-LOGGER = logging.getLogger("gpufleet.extender")
+LOGGER = logging.getLogger("gpufleet")
 
 
-def log_event(event: str, level: int = logging.INFO, exc: BaseException | None = None, **fields: Any) -> None:
+def log_event(event: str, level: int | str = logging.INFO, exc: BaseException | None = None,
+              **fields: Any) -> None:
     """Log one event with its fields (None-valued ones are left out), and a traceback when given `exc`."""
-    if LOGGER.isEnabledFor(level):
-        LOGGER.log(
-            level, event, exc_info=exc, extra={"fields": {k: v for k, v in fields.items() if v is not None}}
-        )
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    if LOGGER.isEnabledFor(numeric):
+        LOGGER.log(numeric, event, exc_info=exc,
+                   extra={"fields": {k: v for k, v in fields.items() if v is not None}})
 
 
 def _kv(value: Any) -> str:
@@ -38,11 +39,8 @@ class KeyValueFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """Render one record."""
-        parts = [
-            f"ts={_timestamp(record)}",
-            f"level={record.levelname.lower()}",
-            f"event={_kv(record.getMessage())}",
-        ]
+        parts = [f"ts={_timestamp(record)}", f"level={record.levelname.lower()}",
+                 f"event={_kv(record.getMessage())}"]
         parts += [f"{k}={_kv(v)}" for k, v in getattr(record, "fields", {}).items()]
         if record.exc_info:
             parts.append(f"exc={_kv(self.formatException(record.exc_info))}")
@@ -54,11 +52,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """Render one record."""
-        doc: dict[str, Any] = {
-            "ts": _timestamp(record),
-            "level": record.levelname.lower(),
-            "event": record.getMessage(),
-        }
+        doc: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname.lower(),
+                               "event": record.getMessage()}
         doc.update(getattr(record, "fields", {}))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
@@ -66,7 +61,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str = "info", fmt: str = "kv") -> None:
-    """Send the extender's logs to stderr in the chosen format (replacing earlier handlers)."""
+    """Send gpufleet's logs to stderr in the chosen format (replacing earlier handlers)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     LOGGER.handlers[:] = [handler]
