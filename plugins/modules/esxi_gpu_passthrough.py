@@ -1,6 +1,6 @@
 #!/usr/bin/python
-# Copyright: gpufleet contributors
-# Apache License 2.0 (see the repository's pyproject.toml)
+# Copyright: (c) 2026, gpufleet contributors
+# Apache License 2.0 (see LICENSE)
 """Ansible module: give an ESXi VM its NVIDIA GPUs by PCI passthrough."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ description:
   - This module has been tested against an in-process stand-in for the vSphere API built on pyVmomi's
     data objects, not against a live vCenter or ESXi host.
 author:
-  - gpufleet contributors
+  - gpufleet contributors (@gpufleet)
 requirements:
   - pyvmomi >= 8.0.1
 options:

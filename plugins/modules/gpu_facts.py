@@ -1,6 +1,6 @@
 #!/usr/bin/python
-# Copyright: gpufleet contributors
-# Apache License 2.0 (see the repository's pyproject.toml)
+# Copyright: (c) 2026, gpufleet contributors
+# Apache License 2.0 (see LICENSE)
 """Ansible module: NVIDIA GPU, NVSwitch, driver and host facts, with or without a driver."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ description:
   - Never changes the target. Runs the same under check mode.
   - GPU-facing behaviour has been tested against gpufleet's NVML simulator, not against real GPUs.
 author:
-  - gpufleet contributors
+  - gpufleet contributors (@gpufleet)
 requirements:
   - python >= 3.8 on the target
   - nvidia-ml-py (pynvml) on the target for NVML facts; without it the facts come from sysfs

@@ -98,6 +98,20 @@ def test_lost_event_counts_as_unreachable() -> None:
     assert t.get(A).healthy
 
 
+def test_gpu_already_unreachable_is_not_announced_again() -> None:
+    # Seen against the real kubelet: a lost GPU is reported by the probe and by NVML's lost event in
+    # different words; each wording used to count as a new transition (and a new list to the kubelet).
+    t = HealthTracker([A])
+    t.on_event(xid(79))
+    [change] = t.on_probe(A, LOST)
+    assert change.after.reason == "GPU is lost" and change.after.unreachable_seen
+    assert t.on_event(HealthEvent(HealthEventKind.LOST, A, 15, "GPU lost")) == []
+    assert t.on_probe(A, Probe(False, "GPU 0: GPU is lost")) == []
+    assert t.get(A).reason == "GPU is lost"
+    [change] = t.on_probe(A, OK)
+    assert change.after.healthy
+
+
 def test_unknown_gpu_is_ignored() -> None:
     t = HealthTracker([A])
     assert t.on_event(xid(79, "GPU-other")) == []

@@ -70,10 +70,20 @@ def test_gpus_annotation_matches_the_handoff_document() -> None:
 
 
 def test_patch_removes_our_stale_labels_only() -> None:
-    patch = node_patch(
-        {"gpufleet.io/gpu.count": "2"}, "[]", {"gpufleet.io/gpu.nvswitch": "true", "team": "a"}, "gpufleet.io"
-    )
-    assert patch["metadata"]["labels"] == {"gpufleet.io/gpu.nvswitch": None, "gpufleet.io/gpu.count": "2"}
+    previous = {
+        "gpufleet.io/gpu.nvswitch": "true",
+        "gpufleet.io/cuda.driver.major": "11",
+        "team": "a",
+        # Same domain, not ours: the operator's sharing switches (seen removed against a real API server).
+        "gpufleet.io/gpu-sharing": "memory",
+        "gpufleet.io/mps": "true",
+    }
+    patch = node_patch({"gpufleet.io/gpu.count": "2"}, "[]", previous, "gpufleet.io")
+    assert patch["metadata"]["labels"] == {
+        "gpufleet.io/gpu.nvswitch": None,
+        "gpufleet.io/cuda.driver.major": None,
+        "gpufleet.io/gpu.count": "2",
+    }
     assert patch["metadata"]["annotations"] == {GPUS_ANNOTATION: "[]"}
 
 
@@ -82,7 +92,8 @@ class FakeCoreV1:
         self.patches: list[dict[str, Any]] = []
 
     def read_node(self, name: str) -> Any:
-        return SimpleNamespace(metadata=SimpleNamespace(labels={"gpufleet.io/old": "x"}))
+        labels = {"gpufleet.io/gpu.old": "x", "gpufleet.io/gpu-sharing": "memory"}
+        return SimpleNamespace(metadata=SimpleNamespace(labels=labels))
 
     def patch_node(self, name: str, body: dict[str, Any]) -> None:
         self.patches.append(body)
@@ -96,7 +107,8 @@ def test_publisher_writes_on_change_only() -> None:
     pub.start()
     try:
         wait_for(lambda: len(api.patches) == 1, "the first patch")
-        assert api.patches[0]["metadata"]["labels"]["gpufleet.io/old"] is None
+        assert api.patches[0]["metadata"]["labels"]["gpufleet.io/gpu.old"] is None
+        assert "gpufleet.io/gpu-sharing" not in api.patches[0]["metadata"]["labels"]
         pub.poke()  # nothing changed: no second write
         health[inv.gpus[0].uuid] = GpuHealth(False, "XID 48")
         pub.poke()

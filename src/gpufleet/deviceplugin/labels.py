@@ -19,6 +19,10 @@ from gpufleet.deviceplugin.rm.model import MIB, NodeInventory
 from gpufleet.logs import log_event
 
 GPUS_ANNOTATION = "gpufleet.io/gpus"
+# The label families the plugin writes under its prefix (`gpu.count`, `driver.major`, `cuda.driver.minor`).
+# Only these are the plugin's to delete: other labels under the same domain belong to the operator or the
+# extender (`gpufleet.io/gpu-sharing`, `gpufleet.io/mps`) and must survive every publish.
+OWNED_LABEL_FAMILIES = ("gpu.", "driver.", "cuda.")
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -76,8 +80,13 @@ def gpus_annotation(inv: NodeInventory, health: Mapping[str, GpuHealth]) -> str:
 def node_patch(
     labels: Mapping[str, str], annotation: str, previous_labels: Mapping[str, str], prefix: str
 ) -> dict[str, Any]:
-    """A merge patch setting our labels and annotation and deleting our labels that no longer apply."""
-    stale = {k: None for k in previous_labels if k.startswith(prefix + "/") and k not in labels}
+    """A merge patch setting our labels and annotation and deleting our labels that no longer apply.
+
+    "Ours" means the families of :data:`OWNED_LABEL_FAMILIES` under ``prefix``; anything else under the
+    domain (the node's `gpu-sharing` and `mps` switches) is left alone.
+    """
+    owned = tuple(f"{prefix}/{family}" for family in OWNED_LABEL_FAMILIES)
+    stale = {k: None for k in previous_labels if k.startswith(owned) and k not in labels}
     return {"metadata": {"labels": {**stale, **labels}, "annotations": {GPUS_ANNOTATION: annotation}}}
 
 

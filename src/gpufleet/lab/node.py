@@ -236,12 +236,13 @@ class KubeletNode:
         except LabError as err:
             log.warning("could not remove containers of node %s: %s", self.name, err)
 
-    def _start_kubelet(self) -> None:
+    def _start_kubelet(self, *, remove_stale_sockets: bool = True) -> None:
         cp = self.control_plane
         kubeconfig = cp.kubeconfig(cp.node_credentials(self.name).user)
-        # stale plugin sockets would be silently lost: the device manager recreates kubelet.sock at start
-        for stale in self.device_plugin_dir.glob("*.sock"):
-            stale.unlink()
+        if remove_stale_sockets:
+            # stale plugin sockets would be silently lost: the device manager recreates kubelet.sock at start
+            for stale in self.device_plugin_dir.glob("*.sock"):
+                stale.unlink()
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
         argv: list[str | os.PathLike[str]] = [
             self.dir / "bin" / "kubelet",
@@ -290,6 +291,31 @@ class KubeletNode:
         remove_taint(core, self.name, "node.kubernetes.io/not-ready")
         wait_for("kubelet.sock", self.kubelet_socket.exists, 30, alive=kubelet.check)
 
+    # -- restart ---------------------------------------------------------------------------------------------
+    def restart_kubelet(self, timeout: float = 120.0) -> None:
+        """Stop the kubelet alone (SIGTERM) and start it again with the same flags, as a service restart does.
+
+        dockerd, containers and spawned processes (device plugins) keep running. The plugin directory is
+        left alone here: the new kubelet's device manager wipes it and binds a new ``kubelet.sock`` itself,
+        which is what plugins must notice. Returns when the new ``kubelet.sock`` exists and the Node is
+        Ready.
+        """
+        if self.kubelet is None:
+            raise LabError(f"node {self.name} has no kubelet to restart")
+        before = _identity(self.kubelet_socket)
+        self.kubelet.stop()
+        self._start_kubelet(remove_stale_sockets=False)
+        kubelet = self.kubelet
+        assert kubelet is not None
+        wait_for(
+            "a new kubelet.sock",
+            lambda: _identity(self.kubelet_socket) not in (None, before),
+            timeout,
+            interval=0.1,
+            alive=kubelet.check,
+        )
+        self._wait_ready(timeout)
+
     # -- stop ------------------------------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop spawned processes, kubelet, dockerd, the namespace; remove the veth and cgroups."""
@@ -336,6 +362,15 @@ def _remove_cgroup_tree(top: Path, timeout: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise LabError(f"cannot remove cgroup {top}: {err}") from err
             time.sleep(0.2)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(inode, ctime) of a file, None when it is missing: tells a re-created socket from the old one."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_ctime_ns
 
 
 def _child_pid(parent: int) -> int | None:

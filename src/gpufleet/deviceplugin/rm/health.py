@@ -108,7 +108,9 @@ class HealthTracker:
         changes = []
         for uuid in uuids:
             before = self._state.get(uuid)
-            if before is None:
+            if before is None or before.unreachable_seen:
+                # Already known gone: the probe and NVML's own lost event report one failure in different
+                # words; keep the first reason rather than announcing each rewording as a change.
                 continue
             after = GpuHealth(False, reason, True)
             if after != before:
