@@ -21,6 +21,7 @@ test: bootstrap lint
 lint:
 	$(VENV)/ruff check src tests plugins bench
 	$(VENV)/ansible-lint --profile production --offline -q
+	scripts/sanity
 
 unit:
 	$(VENV)/pytest -m "not cluster and not root"
