@@ -150,3 +150,9 @@ def namespace(core: k8s.CoreV1Api) -> Iterator[str]:
     wait_for(f"ServiceAccount {name}/default and its token", default_sa_token, 30, interval=0.2)
     yield name
     core.delete_namespace(name, grace_period_seconds=0)
+
+
+@pytest.fixture
+def lab_timings() -> dict[str, float]:
+    """Wall times a test adds to the lab's terminal summary (``name -> seconds``)."""
+    return TIMINGS
