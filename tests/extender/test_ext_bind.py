@@ -68,7 +68,7 @@ def test_second_memory_pod_waits_while_the_node_is_locked(two_nodes, start_exten
     cluster = two_nodes
     cluster.add_pod(pod("p", mem=[4]))
     cluster.add_pod(pod("q", mem=[4]))
-    ext = start_extender()
+    ext = start_extender(lock_wait=0)  # strict: no waiting for the hand-off (test_ext_lock_wait.py)
     assert bind(ext, "p", "n1") == ""
     settle(cluster)
     assert "busy: GPU-memory hand-off in progress for default/p" in bind(ext, "q", "n1")

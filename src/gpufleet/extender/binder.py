@@ -1,9 +1,11 @@
 """The bind verb: reserve GPUs, take the node's bind-lock, annotate the pod, create the Binding.
 
 Order and guarantees (docs/handoff.md, docs/extender.md):
-1. reserve in this process's ledger, atomically with the fit check (no two local binds share GiB);
+1. reserve in this process's ledger, atomically with the fit check (no two local binds share GiB), then
+   queue for the node's in-process mutex (filter and prioritize see the reservation meanwhile);
 2. take the node's `gpufleet.io/bind-lock` with the Node's resourceVersion as precondition (no two
-   replicas hand off on one node at once; a live lock held by another pod means "node busy");
+   replicas hand off on one node at once; a live lock held by another pod means "node busy", unless
+   that hand-off is about to finish: then the bind waits up to `lock_wait` seconds for it);
 3. re-check the fit against a quorum list of the node's pods — our cache may lag another replica's
    binds, the API cannot — and against the Node just read (GPU health may have changed);
 4. write the pod's `gpufleet.io/assignment` (UID precondition), then create the Binding (UID precondition).
@@ -18,8 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from gpufleet.extender.cluster import (
     ApiError,
@@ -43,6 +44,8 @@ from gpufleet.extender.state import ClusterState, pod_record
 from gpufleet.logs import log_event
 
 LOCK_ATTEMPTS = 3
+# Seconds between reads of a node while waiting for another pod's hand-off to release its bind-lock.
+LOCK_POLL = 0.1
 
 
 class BindError(Exception):
@@ -65,6 +68,7 @@ class Binder:
         lock_ttl: float = 60.0,
         bind_wait: float = 5.0,
         clock: Callable[[], float] = time.time,
+        lock_wait: float = 0.0,
     ) -> None:
         self.cluster = cluster
         self.state = state
@@ -73,21 +77,19 @@ class Binder:
         self.lock_ttl = lock_ttl
         self.bind_wait = bind_wait
         self.clock = clock
+        self.lock_wait = lock_wait
         self._mutexes: dict[str, threading.Lock] = {}
         self._mutexes_guard = threading.Lock()
 
-    @contextmanager
-    def _node_mutex(self, node: str) -> Iterator[None]:
+    def _acquire_node(self, node: str) -> threading.Lock:
+        """The node's in-process mutex, acquired (release it); BindError after `bind_wait` seconds."""
         with self._mutexes_guard:
             mutex = self._mutexes.setdefault(node, threading.Lock())
         if not mutex.acquire(timeout=self.bind_wait):
             raise BindError(
                 f"node {node} busy: another bind to it is still running in this extender", "node_busy"
             )
-        try:
-            yield
-        finally:
-            mutex.release()
+        return mutex
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind the pod to the node or raise BindError; safe to retry."""
@@ -157,19 +159,24 @@ class Binder:
             self._create_binding(req, uid, node)
             return None
         policy = req.gpu_policy or self.gpu_policy
-        with self._node_mutex(node):
-            with self.state.lock:
-                entry = self.state.entry(node)
-                info = entry.info if entry else None
-            if info is None:
-                raise BindError(f"node {node} is not in the extender's cache", "unknown_node")
-            # The cached lock may be stale; the lock is taken against the API below, which decides.
-            verdict = self.state.plan_and_reserve(
-                req, dataclasses.replace(info, lock=None), policy, self.clock()
-            )
-            if verdict.placement is None:
-                raise BindError(f"node {node}: {verdict.reason}", "no_fit")
-            placement = verdict.placement
+        with self.state.lock:
+            entry = self.state.entry(node)
+            info = entry.info if entry else None
+        if info is None:
+            raise BindError(f"node {node} is not in the extender's cache", "unknown_node")
+        # Reserve before queueing for the node: filter and prioritize count this pod from now on, so the
+        # scheduler, which decides the next pods while earlier binds still run, does not send the node more
+        # than it holds. The cached lock may be stale; the lock is taken against the API below, which decides.
+        verdict = self.state.plan_and_reserve(req, dataclasses.replace(info, lock=None), policy, self.clock())
+        if verdict.placement is None:
+            raise BindError(f"node {node}: {verdict.reason}", "no_fit")
+        placement = verdict.placement
+        try:
+            mutex = self._acquire_node(node)
+        except BindError:
+            self.state.release(req.uid)
+            raise
+        try:
             locked = annotated = False
             try:
                 if req.kind == "mem":
@@ -200,10 +207,20 @@ class Binder:
                 raise BindError(f"internal error binding {req.key}: {exc!r}", "internal") from exc
             self.state.settle(req.uid)
             return placement
+        finally:
+            mutex.release()
 
     def _take_lock(self, node: str, req: GpuRequest) -> NodeInfo:
-        """Write our bind-lock on the node (resourceVersion precondition); return the node as locked."""
-        for _ in range(LOCK_ATTEMPTS):
+        """Write our bind-lock on the node (resourceVersion precondition); return the node as locked.
+
+        Another pod's live lock fails the bind at once, unless its hand-off is about to finish
+        (`ClusterState.lock_blocks`): then the node is read again every `LOCK_POLL` seconds for up to
+        `lock_wait` seconds, holding this bind's reservation and the node's mutex meanwhile.
+        """
+        deadline = time.monotonic() + self.lock_wait
+        conflicts = 0
+        waited = False
+        while True:
             try:
                 info = node_info(self.cluster.get_node(node))
             except NotFoundError:
@@ -213,6 +230,14 @@ class Binder:
             now = self.clock()
             lock = info.lock
             if lock is not None and lock.live(now) and lock.pod_uid != req.uid:
+                if time.monotonic() < deadline and not self.state.lock_blocks(
+                    node, lock.pod_uid, lock.expires, req.uid, now
+                ):
+                    if not waited:
+                        waited = True
+                        self.metrics.inc("gpufleet_extender_lock_waits_total")
+                    time.sleep(LOCK_POLL)
+                    continue
                 raise BindError(
                     f"node {node} busy: GPU-memory hand-off in progress for {lock.pod_key} "
                     f"(lock expires in {max(0, int(lock.expires - now))}s)",
@@ -226,11 +251,15 @@ class Binder:
             except ConflictError:
                 # Someone wrote the node since we read it: a kubelet status update or another binder.
                 self.metrics.inc("gpufleet_extender_lock_conflicts_total")
+                conflicts += 1
+                if conflicts >= LOCK_ATTEMPTS:
+                    raise BindError(
+                        f"node {node} kept changing while taking its bind-lock; retry", "lock_conflict"
+                    ) from None
                 continue
             except ApiError as exc:
                 raise BindError(f"cannot lock node {node}: {exc}", _api_reason(exc)) from None
             return node_info(updated)
-        raise BindError(f"node {node} kept changing while taking its bind-lock; retry", "lock_conflict")
 
     def _recheck(self, req: GpuRequest, fresh: NodeInfo, policy: Policy) -> Placement:
         """Under the lock, fit again against the API's pods on the node and the Node just read."""

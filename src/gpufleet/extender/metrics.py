@@ -23,6 +23,10 @@ class Metrics(BaseMetrics):
             "counter",
             "resourceVersion conflicts taking a node bind-lock.",
         ),
+        "gpufleet_extender_lock_waits_total": (
+            "counter",
+            "Binds that waited for another pod's GPU-memory hand-off on the node to release its bind-lock.",
+        ),
         "gpufleet_extender_recheck_replans_total": (
             "counter",
             "Binds whose GPUs changed on the re-check under the lock (the cache was behind).",

@@ -99,7 +99,9 @@ def filter_nodes(
             rest: list[str] = []
             for name in cast(Sequence[str], candidates):
                 hit = index.get(name)
-                if hit is not None and (hit[2] <= now or hit[3] == uid):
+                if hit is not None and (
+                    hit[2] <= now or hit[3] == uid or not state.lock_blocks(name, hit[3], hit[2], uid, now)
+                ):
                     most_free, biggest = hit[0], hit[1]
                     if most_free >= share:
                         fits.append(name)
@@ -127,7 +129,11 @@ def filter_nodes(
                 and entry.ready
                 and entry.info is info
                 and name != own_node
-                and (entry.lock_expires <= now or entry.lock_uid == uid)
+                and (
+                    entry.lock_expires <= now
+                    or entry.lock_uid == uid
+                    or not state.lock_blocks(name, entry.lock_uid, entry.lock_expires, uid, now)
+                )
             ):
                 if plain:
                     if entry.max_free >= share:
@@ -205,6 +211,9 @@ def prioritize_nodes(
     npolicy = req.node_policy or node_policy
     gpolicy = req.gpu_policy or gpu_policy
     placements: dict[str, Placement] = {}
+    # Fitting nodes whose bind-lock another pod holds (see ClusterState.lock_blocks): a bind there waits
+    # for that hand-off, so they come last while a node without one fits.
+    handing_off: set[str] = set()
     own = state.own_usage(req.uid)
     own_node = own.node if own is not None else None
     # Verdicts are reused while the node and its ledger are unchanged, for requests of the same shape
@@ -239,6 +248,8 @@ def prioritize_nodes(
                     cache[shape] = (version, verdict)
             if verdict.placement is not None:
                 placements[name] = verdict.placement
+                if entry is not None and entry.lock_expires > now and entry.lock_uid != req.uid:
+                    handing_off.add(name)
     multi = req.whole > 1 or any(c.gpus > 1 for c in req.mem)
     ranks = _capability_rank(placements) if req.most_capable else {}
     composite: dict[str, float] = {}
@@ -254,13 +265,19 @@ def prioritize_nodes(
         composite[name] = total / weight
     # Relative scores: integer 0-10 on absolute figures would tie most nodes. The best fitting node
     # gets 10, the worst fitting 1 (so fitting always beats not fitting, which gets 0).
-    low = min(composite.values(), default=0.0)
-    high = max(composite.values(), default=0.0)
+    if handing_off and len(handing_off) < len(composite):
+        ranked = {n: c for n, c in composite.items() if n not in handing_off}
+    else:
+        ranked, handing_off = composite, set()
+    low = min(ranked.values(), default=0.0)
+    high = max(ranked.values(), default=0.0)
     span = high - low
     scores = []
     for name, _, _ in infos:
         if name not in composite:
             scores.append((name, 0))
+        elif name in handing_off:
+            scores.append((name, 1))
         elif span < 1e-9:
             scores.append((name, MAX_PRIORITY))
         else:

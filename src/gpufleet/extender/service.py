@@ -29,7 +29,7 @@ class Extender:
         self.settings = settings
         self.cluster = cluster
         self.metrics = Metrics()
-        self.state = ClusterState(settings.lock_ttl, settings.reservation_ttl, clock)
+        self.state = ClusterState(settings.lock_ttl, settings.reservation_ttl, clock, settings.lock_wait)
         self.binder = Binder(
             cluster,
             self.state,
@@ -38,6 +38,7 @@ class Extender:
             settings.lock_ttl,
             settings.bind_wait,
             clock,
+            settings.lock_wait,
         )
         self.api = ExtenderApi(
             self.state, self.binder, self.metrics, settings.node_policy, settings.gpu_policy, clock

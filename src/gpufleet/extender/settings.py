@@ -60,6 +60,13 @@ class Settings:
         default=5.0,
         metadata={"help": "seconds a bind waits for another bind to the same node in this process"},
     )
+    lock_wait: float = field(
+        default=3.0,
+        metadata={
+            "help": "seconds a bind waits for another pod's GPU-memory hand-off on the node to finish "
+            "(0: refuse at once, and filter skips nodes with a live bind-lock)"
+        },
+    )
     api_timeout: float = field(default=10.0, metadata={"help": "seconds per Kubernetes API call"})
     kubeconfig: str = field(
         default="",
@@ -120,6 +127,8 @@ def _validate(s: Settings) -> None:
     for name in ("lock_ttl", "reservation_ttl", "bind_wait", "api_timeout", "sweep_interval"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"{name} must be positive")
+    if s.lock_wait < 0:
+        raise SettingsError("lock_wait must not be negative")
     if s.max_body_mib <= 0:
         raise SettingsError("max_body_mib must be positive")
 

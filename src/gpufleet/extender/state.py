@@ -9,6 +9,7 @@ event can neither lose nor double-count an assignment.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -199,10 +200,14 @@ class ClusterState:
         lock_ttl: float = 60.0,
         reservation_ttl: float = 300.0,
         clock: Callable[[], float] = time.time,
+        lock_wait: float = 0.0,
     ) -> None:
         self.lock_ttl = lock_ttl
         self.reservation_ttl = reservation_ttl
         self.clock = clock
+        # > 0: binds wait up to this long for a hand-off about to finish, so such a node is no obstacle
+        # to filter and prioritize (see lock_blocks).
+        self.lock_wait = lock_wait
         self.lock = threading.RLock()
         self._nodes: dict[str, NodeEntry] = {}
         self._pods: dict[str, PodRecord] = {}
@@ -427,8 +432,32 @@ class ClusterState:
                 whole -= own.whole
             return used, whole
 
+    def lock_blocks(self, node: str, lock_uid: str, lock_expires: float, uid: str, now: float) -> bool:
+        """Whether the node's bind-lock keeps pod `uid` off the node now.
+
+        A live lock of another pod blocks, unless binds wait for locks (`lock_wait` > 0) and this one is
+        about to go: its holder is bound to the node (the device plugin releases the lock when the
+        kubelet admits the pod) or its bind started less than `lock_wait` ago (it is still running). A
+        lock left by a bind that died, or by a pod the kubelet never admits, blocks until it expires.
+        Real schedulers requeue a pod that no node accepts for a minute or more and do not wake it when
+        a lock goes away, so a short wait inside bind beats a refusal by far.
+        """
+        if not lock_uid or lock_expires <= now or lock_uid == uid:
+            return False
+        if self.lock_wait <= 0:
+            return True
+        with self.lock:
+            holder = self._pods.get(lock_uid)
+            if holder is not None and holder.node_name == node and not holder.terminal:
+                return False
+        taken = lock_expires - self.lock_ttl
+        return now - taken >= self.lock_wait
+
     def evaluate(self, req: GpuRequest, info: NodeInfo, policy: Policy, now: float) -> Verdict:
         """Decide `info` for `req` against the ledger, leaving out what `req`'s own pod already holds."""
+        lock = info.lock
+        if lock is not None and not self.lock_blocks(info.name, lock.pod_uid, lock.expires, req.uid, now):
+            info = dataclasses.replace(info, lock=None)
         with self.lock:
             entry = self._nodes.get(info.name)
             used: Mapping[str, int] = entry.used if entry else {}
