@@ -23,17 +23,12 @@ from dp_helpers import (
 
 from gpufleet.deviceplugin.api import pb, pb_grpc
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff, decide
-from gpufleet.deviceplugin.gpumem.resolver import (
-    ALLOCATED_ANNOTATION,
-    ASSIGNMENT_ANNOTATION,
-    LOCK_ANNOTATION,
-    Conflict,
-    InMemoryCluster,
-    PodView,
-)
+from gpufleet.deviceplugin.gpumem.resolver import Conflict, InMemoryCluster, PodView
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, HandoffError
 from gpufleet.deviceplugin.rm.health import GpuHealth
+from gpufleet.handoff import ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION
+from gpufleet.handoff import BIND_LOCK_ANNOTATION as LOCK_ANNOTATION
 
 NOW = 1_700_000_000.0
 G0, G1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-00000001-0000-0000-0000-000000000000"
@@ -145,6 +140,22 @@ def test_malformed_lock_is_refused(value: str) -> None:
 
 def test_malformed_assignment_is_refused() -> None:
     bad = PodView("a", "default", "p-a", "n1", "Pending", {ASSIGNMENT_ANNOTATION: "{not json"})
+    with pytest.raises(HandoffError, match="malformed"):
+        decide("n1", lock("a"), [bad], NOW, 4)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"node": "n1", "containers": [{"name": "c0", "gpu_mem_gib": "4", "gpus": [G0]}]},
+        {"node": "n1", "containers": [{"name": "c0", "gpu_mem_gib": 4.5, "gpus": [G0]}]},
+        {"node": "n1", "containers": [{"name": "c0", "gpu_mem_gib": 4, "gpus": G0}]},
+        {"node": "n1", "containers": [{"gpu_mem_gib": 4, "gpus": [G0]}]},
+        {"node": "n1"},
+    ],
+)
+def test_assignment_is_read_as_strictly_as_the_extender_writes_it(doc: dict[str, object]) -> None:
+    bad = PodView("a", "default", "p-a", "n1", "Pending", {ASSIGNMENT_ANNOTATION: json.dumps(doc)})
     with pytest.raises(HandoffError, match="malformed"):
         decide("n1", lock("a"), [bad], NOW, 4)
 

@@ -9,15 +9,16 @@ from typing import Any
 
 from dp_helpers import make_inventory, wait_for
 
-from gpufleet.deviceplugin.labels import (
-    GPUS_ANNOTATION,
-    NodePublisher,
-    gpus_annotation,
-    node_labels,
-    node_patch,
-)
+from gpufleet.deviceplugin.labels import NodePublisher, gpus_annotation, node_labels, node_patch
 from gpufleet.deviceplugin.rm.health import GpuHealth
 from gpufleet.deviceplugin.rm.model import GIB
+from gpufleet.handoff import (
+    GPUS_ANNOTATION,
+    PRODUCT_LABEL,
+    format_gpus,
+    parse_gpus,
+    product_label_value,
+)
 
 
 def test_labels_describe_a_homogeneous_node() -> None:
@@ -67,6 +68,22 @@ def test_gpus_annotation_matches_the_handoff_document() -> None:
         "nvlink": {inv.gpus[1].uuid: 12},
     }
     assert doc[1]["healthy"] is False
+
+
+def test_gpus_annotation_reads_back_with_the_extenders_parser() -> None:
+    inv = make_inventory(2, 80, [(0, 1, 12)])
+    raw = gpus_annotation(inv, {inv.gpus[1].uuid: GpuHealth(False, "XID 79")})
+    entries = parse_gpus(raw)
+    assert [(e.uuid, e.memory_gib, e.cc, e.healthy, dict(e.nvlink)) for e in entries] == [
+        (inv.gpus[0].uuid, 80, (8, 0), True, {inv.gpus[1].uuid: 12}),
+        (inv.gpus[1].uuid, 80, (8, 0), False, {inv.gpus[0].uuid: 12}),
+    ]
+    assert format_gpus(entries) == raw
+
+
+def test_product_label_is_the_one_the_extender_reads() -> None:
+    inv = make_inventory(1, 16)
+    assert node_labels(inv)[PRODUCT_LABEL] == product_label_value([inv.gpus[0].model])
 
 
 def test_patch_removes_our_stale_labels_only() -> None:

@@ -8,20 +8,13 @@ from fractions import Fraction
 import pytest
 from extender_builders import gpu, node, pod
 
-from gpufleet.extender.model import (
-    Assignment,
-    BindLock,
-    ContainerAssignment,
-    model_tokens,
-    node_info,
-    parse_cc,
-    parse_gpus,
-)
+from gpufleet.extender.model import model_tokens, node_gpus, node_info
 from gpufleet.extender.request import Policy, RequestError, parse_pod, parse_quantity
+from gpufleet.handoff import Assignment, BindLock, ContainerAssignment, parse_cc, parse_gpus
 
 
 def test_gpus_annotation_keeps_each_gpus_own_memory_model_and_links() -> None:
-    gpus = parse_gpus(
+    gpus = node_gpus(
         json.dumps(
             [
                 gpu(0, "GPU-a", model="NVIDIA A100-PCIE-40GB", mem=40, nvlink=["GPU-b"]),
@@ -211,6 +204,17 @@ def test_gpu_constraints_and_policies_from_annotations() -> None:
 def test_node_selector_on_a_model_label_is_a_per_gpu_model_request() -> None:
     req = parse_pod(pod("p", mem=[4], node_selector={"nvidia.com/gpu.product": "Tesla-T4"}))
     assert req.models == (frozenset({"tesla", "t4"}),)
+
+
+def test_node_selector_on_the_device_plugins_product_label_is_a_per_gpu_model_request() -> None:
+    req = parse_pod(pod("p", mem=[4], node_selector={"gpufleet.io/gpu.product": "NVIDIA-A100-SXM4-80GB"}))
+    assert req.models == (frozenset({"nvidia", "a100", "sxm4", "80gb"}),)
+    # The plugin labels a node with several models `mixed`: selecting that asks for no model.
+    assert parse_pod(pod("p", mem=[4], node_selector={"gpufleet.io/gpu.product": "mixed"})).models == ()
+    # The hand-set label of older docs keeps working.
+    assert parse_pod(pod("p", mem=[4], node_selector={"gpufleet.io/gpu-model": "T4"})).models == (
+        frozenset({"t4"}),
+    )
 
 
 @pytest.mark.parametrize(

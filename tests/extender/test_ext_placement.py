@@ -13,6 +13,7 @@ from gpufleet.extender.placement import evaluate, set_topology
 from gpufleet.extender.request import Policy, parse_pod
 from gpufleet.extender.scheduling import filter_nodes, prioritize_nodes
 from gpufleet.extender.state import ClusterState
+from gpufleet.handoff import PRODUCT_LABEL, PRODUCT_MIXED, product_label_value
 
 NOW = 1_700_000_000.0
 
@@ -67,6 +68,31 @@ def test_model_and_capability_constraints_pick_qualifying_cards_only() -> None:
     ).placement.containers[0].gpus == ("GPU-a100",)
     v = evaluate(n, {}, 0, req(mem=[4], annotations={"gpufleet.io/gpu-model": "H100"}), Policy.BINPACK, NOW)
     assert v.unresolvable and "no healthy GPU with model h100" in v.reason
+
+
+def test_node_selector_on_the_published_product_label_places_per_gpu() -> None:
+    # The label value exactly as the device plugin publishes it for an A100 node.
+    a100 = product_label_value(["NVIDIA A100-SXM4-80GB"])
+    selector = {PRODUCT_LABEL: a100}
+    assert (PRODUCT_LABEL, a100) == ("gpufleet.io/gpu.product", "NVIDIA-A100-SXM4-80GB")
+    n = info(
+        [
+            gpu(0, "GPU-t4", model="Tesla T4", mem=16, cc="7.5"),
+            gpu(1, "GPU-a100", mem=80),
+            gpu(2, "GPU-a100-40", model="NVIDIA A100-PCIE-40GB", mem=40),
+        ]
+    )
+    # Binpack alone would take the fullest card (the T4), and the PCIe A100 shares only some words.
+    r = req(mem=[4], node_selector=selector)
+    assert evaluate(n, {"GPU-t4": 8}, 0, r, Policy.BINPACK, NOW).placement.containers[0].gpus == ("GPU-a100",)
+    v = evaluate(n, {}, 0, req(mem=[100], node_selector=selector), Policy.BINPACK, NOW)
+    assert v.unresolvable and "largest qualifying healthy GPU has 80 GiB" in v.reason
+    t4_only = info([gpu(0, "GPU-t4", model="Tesla T4", mem=16, cc="7.5")])
+    v = evaluate(t4_only, {}, 0, r, Policy.BINPACK, NOW)
+    assert v.unresolvable and "no healthy GPU with model" in v.reason
+    # `mixed` constrains nothing: binpack takes the fullest card.
+    r = req(mem=[4], node_selector={PRODUCT_LABEL: PRODUCT_MIXED})
+    assert evaluate(n, {"GPU-t4": 8}, 0, r, Policy.BINPACK, NOW).placement.containers[0].gpus == ("GPU-t4",)
 
 
 def test_most_capable_prefers_higher_compute_capability_over_packing() -> None:

@@ -21,6 +21,7 @@ import yaml
 from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
 from gpufleet.deviceplugin.rm.devices import ResourceKind, ResourceSpec
 from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS
+from gpufleet.handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
 
 CONFIG_VERSION = "v1"
 ENV_PREFIX = "GPUFLEET_DP_"
@@ -47,7 +48,7 @@ class Config:
     node_name: str = ""
     socket_dir: str = DEFAULT_SOCKET_DIR
     host_root: str = "/"
-    resource_name: str = "nvidia.com/gpu"
+    resource_name: str = WHOLE_GPU_RESOURCE
     nvml_on_init_failure: str = "retry"
     nvml_retry_interval: float = 10.0
     health_enabled: bool = True
@@ -61,14 +62,14 @@ class Config:
     sharing_mode: str = "none"
     sharing_time_slicing_replicas: int = 2
     sharing_time_slicing_rename: str = ""
-    sharing_memory_resource_name: str = "gpufleet.io/gpu-mem"
+    sharing_memory_resource_name: str = GPU_MEM_RESOURCE
     sharing_memory_mps: bool = False
     sharing_memory_mps_pipe_dir: str = "/run/nvidia/mps"
     sharing_memory_mps_log_dir: str = "/var/log/nvidia/mps"
     sharing_memory_mps_container_pipe_dir: str = "/tmp/nvidia-mps"
     sharing_memory_mps_container_log_dir: str = "/var/log/nvidia-mps"
     labels_enabled: bool = True
-    labels_prefix: str = "gpufleet.io"
+    labels_prefix: str = LABEL_PREFIX
     http_port: int = 0
     http_address: str = "0.0.0.0"
     log_level: str = "info"

@@ -8,40 +8,39 @@ GPU's values, so a selector never promises more than every GPU of the node has.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpufleet.deviceplugin.rm.health import GpuHealth
 from gpufleet.deviceplugin.rm.model import MIB, NodeInventory
+from gpufleet.handoff import (
+    GPUS_ANNOTATION,
+    LABEL_PREFIX,
+    PRODUCT_LABEL_NAME,
+    GpuEntry,
+    format_gpus,
+    label_value,
+    product_label_value,
+)
 from gpufleet.logs import log_event
 
-GPUS_ANNOTATION = "gpufleet.io/gpus"
 # The label families the plugin writes under its prefix (`gpu.count`, `driver.major`, `cuda.driver.minor`).
 # Only these are the plugin's to delete: other labels under the same domain belong to the operator or the
 # extender (`gpufleet.io/gpu-sharing`, `gpufleet.io/mps`) and must survive every publish.
 OWNED_LABEL_FAMILIES = ("gpu.", "driver.", "cuda.")
-_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def _label_value(text: str) -> str:
-    # Label values: at most 63 of [A-Za-z0-9._-], starting and ending alphanumeric.
-    return _LABEL_VALUE.sub("-", text).strip("-._")[:63].rstrip("-._")
-
-
-def node_labels(inv: NodeInventory, prefix: str = "gpufleet.io") -> dict[str, str]:
+def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX) -> dict[str, str]:
     """Labels describing the node's GPUs (empty when there are none)."""
     if not inv.gpus:
         return {}
-    models = {g.model for g in inv.gpus}
     smallest_cc = min(g.cc for g in inv.gpus)
     driver = inv.driver_version.split(".")
     labels = {
         "gpu.present": "true",
         "gpu.count": str(len(inv.gpus)),
-        "gpu.product": _label_value(models.pop()) if len(models) == 1 else "mixed",
+        PRODUCT_LABEL_NAME: product_label_value([g.model for g in inv.gpus]),
         "gpu.memory": str(min(g.memory_bytes for g in inv.gpus) // MIB),  # MiB, as nvidia-smi prints
         "gpu.compute.major": str(smallest_cc[0]),
         "gpu.compute.minor": str(smallest_cc[1]),
@@ -49,7 +48,7 @@ def node_labels(inv: NodeInventory, prefix: str = "gpufleet.io") -> dict[str, st
         "gpu.nvswitch": "true" if inv.nvswitch_count else "false",
     }
     if inv.driver_version:
-        labels["driver.version"] = _label_value(inv.driver_version)
+        labels["driver.version"] = label_value(inv.driver_version)
         labels["driver.major"] = driver[0]
     if inv.cuda_driver_version:
         labels["cuda.driver.major"] = str(inv.cuda_driver_version // 1000)
@@ -58,22 +57,19 @@ def node_labels(inv: NodeInventory, prefix: str = "gpufleet.io") -> dict[str, st
 
 
 def gpus_annotation(inv: NodeInventory, health: Mapping[str, GpuHealth]) -> str:
-    """The `gpufleet.io/gpus` JSON list, in GPU index order."""
-    return json.dumps(
-        [
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "model": g.model,
-                "memory_gib": g.memory_gib,
-                "cc": f"{g.cc[0]}.{g.cc[1]}",
-                "numa": g.numa,
-                "healthy": health.get(g.uuid, GpuHealth()).healthy,
-                "nvlink": dict(sorted(g.nvlinks.items())),
-            }
-            for g in inv.gpus
-        ],
-        separators=(",", ":"),
+    """The `gpufleet.io/gpus` annotation (`gpufleet.handoff.GpuEntry`), in GPU index order."""
+    return format_gpus(
+        GpuEntry(
+            index=g.index,
+            uuid=g.uuid,
+            model=g.model,
+            memory_gib=g.memory_gib,
+            cc=g.cc,
+            numa=g.numa,
+            healthy=health.get(g.uuid, GpuHealth()).healthy,
+            nvlink=tuple(sorted(g.nvlinks.items())),
+        )
+        for g in inv.gpus
     )
 
 

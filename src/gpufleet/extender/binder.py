@@ -30,17 +30,11 @@ from gpufleet.extender.cluster import (
     UnavailableError,
 )
 from gpufleet.extender.metrics import Metrics
-from gpufleet.extender.model import (
-    ASSIGNMENT_ANNOTATION,
-    BIND_LOCK_ANNOTATION,
-    Assignment,
-    BindLock,
-    NodeInfo,
-    node_info,
-)
+from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import Placement, evaluate
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
 from gpufleet.extender.state import ClusterState, pod_record
+from gpufleet.handoff import ASSIGNMENT_ANNOTATION, BIND_LOCK_ANNOTATION, Assignment, BindLock
 from gpufleet.logs import log_event
 
 LOCK_ATTEMPTS = 3
@@ -274,8 +268,7 @@ class Binder:
             if record is None or record.uid == req.uid or record.terminal:
                 continue
             if record.assignment is not None and record.assignment.node == fresh.name:
-                done = set(filter(None, record.allocated.split(",")))
-                waiting = [c.name for c in record.assignment.containers if c.name not in done]
+                waiting = [c.name for c in record.assignment.pending(record.allocated)]
                 if waiting:
                     # Its lock expired before the device plugin allocated it; the plugin refuses any
                     # other pod's Allocate while one is pending, so binding ours now would only fail.

@@ -25,12 +25,13 @@ from gpufleet.extender.cluster import (
     NotFoundError,
     UnavailableError,
 )
-from gpufleet.extender.model import (
+from gpufleet.handoff import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     BIND_LOCK_ANNOTATION,
     Assignment,
     BindLock,
+    format_allocated,
 )
 
 Event = tuple[str, str, dict[str, Any]]  # (kind, type, object)
@@ -192,7 +193,7 @@ class InMemoryCluster:
                     continue
                 annotations = holder["metadata"].setdefault("annotations", {})
                 assignment = Assignment.from_json(annotations[ASSIGNMENT_ANNOTATION])
-                annotations[ALLOCATED_ANNOTATION] = ",".join(c.name for c in assignment.containers)
+                annotations[ALLOCATED_ANNOTATION] = format_allocated(c.name for c in assignment.containers)
                 self._bump(holder)
                 self._emit("pod", "MODIFIED", holder)
                 del obj["metadata"]["annotations"][BIND_LOCK_ANNOTATION]

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpufleet.extender.model import SHARING_LABEL, SHARING_MEMORY, ContainerAssignment, Gpu, NodeInfo
+from gpufleet.extender.model import Gpu, NodeInfo
 from gpufleet.extender.request import ContainerRequest, GpuRequest, Policy
+from gpufleet.handoff import SHARING_LABEL, SHARING_MEMORY, ContainerAssignment
 
 # Pair weights for multi-GPU sets: NVLink is what the request is about; a shared NUMA node only breaks ties.
 _NVLINK = 1.0

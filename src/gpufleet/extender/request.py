@@ -16,17 +16,15 @@ from typing import Any
 
 from gpufleet.extender.model import (
     GPU_COUNT_ANNOTATION,
-    GPU_MEM_RESOURCE,
     GPU_POLICY_ANNOTATION,
     MIN_CC_ANNOTATION,
     MODEL_ANNOTATION,
     MODEL_LABELS,
     NODE_POLICY_ANNOTATION,
     PREFER_ANNOTATION,
-    WHOLE_GPU_RESOURCE,
     model_tokens,
-    parse_cc,
 )
+from gpufleet.handoff import GPU_MEM_RESOURCE, PRODUCT_LABEL, PRODUCT_MIXED, WHOLE_GPU_RESOURCE, parse_cc
 
 # More GPUs than any machine carries; a larger gpu-count is a typo, not a wish.
 MAX_GPUS_PER_CONTAINER = 64
@@ -248,7 +246,10 @@ def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:
     selector = spec.get("nodeSelector") or {}
     for label in MODEL_LABELS:
         if label in selector and not models:
-            models.append(model_tokens(str(selector[label])))
+            value = str(selector[label])
+            if label == PRODUCT_LABEL and value == PRODUCT_MIXED:
+                continue  # the device plugin's label on a node with several models: no model wish
+            models.append(model_tokens(value))
 
     min_cc = None
     if MIN_CC_ANNOTATION in annotations:

@@ -16,17 +16,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.extender.model import (
+from gpufleet.extender.model import Gpu, NodeInfo, node_info
+from gpufleet.extender.placement import Placement, Verdict, evaluate, qualifying, utilization
+from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod, whole_gpus
+from gpufleet.handoff import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     Assignment,
     ContainerAssignment,
-    Gpu,
-    NodeInfo,
-    node_info,
+    parse_allocated,
 )
-from gpufleet.extender.placement import Placement, Verdict, evaluate, qualifying, utilization
-from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod, whole_gpus
 
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -68,7 +67,7 @@ class PodRecord:
     request_error: str | None
     assignment: Assignment | None
     assignment_error: str | None
-    allocated: str
+    allocated: tuple[str, ...]  # containers the device plugin has allocated
 
 
 @dataclass(slots=True)
@@ -188,7 +187,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         request_error=request_error,
         assignment=assignment,
         assignment_error=assignment_error,
-        allocated=str(annotations.get(ALLOCATED_ANNOTATION, "")),
+        allocated=parse_allocated(annotations.get(ALLOCATED_ANNOTATION)),
     )
 
 

@@ -11,10 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufleet.deviceplugin.rm.errors import HandoffError
+from gpufleet.handoff import ALLOCATED_ANNOTATION, BIND_LOCK_ANNOTATION, lock_held_by
 
-LOCK_ANNOTATION = "gpufleet.io/bind-lock"
-ASSIGNMENT_ANNOTATION = "gpufleet.io/assignment"
-ALLOCATED_ANNOTATION = "gpufleet.io/allocated"
 _RELEASE_ATTEMPTS = 5
 
 
@@ -147,15 +145,15 @@ class InMemoryCluster:
         """Remove the lock if `uid` holds it, with the resourceVersion precondition and retries."""
         for _ in range(_RELEASE_ATTEMPTS):
             annotations, rv = self.read_node(node)
-            if not annotations.get(LOCK_ANNOTATION, "").startswith(uid + " "):
+            if not lock_held_by(annotations.get(BIND_LOCK_ANNOTATION), uid):
                 return
             try:
-                self.patch_node_annotations(node, {LOCK_ANNOTATION: None}, rv)
+                self.patch_node_annotations(node, {BIND_LOCK_ANNOTATION: None}, rv)
                 return
             except Conflict:
                 continue
         raise HandoffError(
-            f"node {node}: could not release {LOCK_ANNOTATION} after {_RELEASE_ATTEMPTS} conflicts"
+            f"node {node}: could not release {BIND_LOCK_ANNOTATION} after {_RELEASE_ATTEMPTS} conflicts"
         )
 
 
@@ -213,9 +211,9 @@ class KubernetesPodResolver:
         """Remove the node's lock if `uid` holds it; resourceVersion precondition, retried on 409."""
         for _ in range(_RELEASE_ATTEMPTS):
             annotations, rv = self._read_node(node)
-            if not annotations.get(LOCK_ANNOTATION, "").startswith(uid + " "):
+            if not lock_held_by(annotations.get(BIND_LOCK_ANNOTATION), uid):
                 return
-            body = {"metadata": {"resourceVersion": rv, "annotations": {LOCK_ANNOTATION: None}}}
+            body = {"metadata": {"resourceVersion": rv, "annotations": {BIND_LOCK_ANNOTATION: None}}}
             try:
                 self.api.patch_node(node, body)
                 return
@@ -223,10 +221,10 @@ class KubernetesPodResolver:
                 if getattr(exc, "status", None) == 409:
                     continue
                 raise HandoffError(
-                    f"cannot release {LOCK_ANNOTATION} on node {node}: {_reason(exc)}"
+                    f"cannot release {BIND_LOCK_ANNOTATION} on node {node}: {_reason(exc)}"
                 ) from None
         raise HandoffError(
-            f"node {node}: could not release {LOCK_ANNOTATION} after {_RELEASE_ATTEMPTS} conflicts"
+            f"node {node}: could not release {BIND_LOCK_ANNOTATION} after {_RELEASE_ATTEMPTS} conflicts"
         )
 
     def _read_node(self, node: str) -> tuple[dict[str, str], str]:

@@ -1,0 +1,326 @@
+"""The extender ↔ device plugin GPU-memory hand-off: the one definition of its wire format.
+
+docs/handoff.md describes the protocol; this module is what both sides import, so a name or a format
+changes in one place. It holds the resource names, every annotation and label either side reads from
+what the other wrote, and the value formats with a parser and a writer each:
+
+- node label `gpufleet.io/gpu.product` (published by the device plugin): :func:`product_label_value`;
+- node annotation `gpufleet.io/gpus` (device plugin → extender): :class:`GpuEntry`, :func:`format_gpus`,
+  :func:`parse_gpus`;
+- node annotation `gpufleet.io/bind-lock` (extender takes it, device plugin releases it): :class:`BindLock`;
+- pod annotation `gpufleet.io/assignment` (extender → device plugin): :class:`Assignment`;
+- pod annotation `gpufleet.io/allocated` (device plugin → extender): :func:`parse_allocated`,
+  :func:`format_allocated`.
+
+Pure and stdlib only. Parsers raise `ValueError` with a message an operator can act on; each side decides
+what that means for it (the extender marks a node or counts a lock as free, the device plugin refuses the
+Allocate with its own `HandoffError`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# ----- Resources (advertised by the device plugin) ------------------------------------------------------
+
+GPU_MEM_RESOURCE = "gpufleet.io/gpu-mem"
+"""Shared GPU memory, one device per GiB of each GPU (`<uuid>::<k>`); the extender picks the GPU."""
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
+"""Whole GPUs; the kubelet picks them."""
+
+# ----- Node labels --------------------------------------------------------------------------------------
+
+LABEL_PREFIX = "gpufleet.io"
+"""The device plugin's default label domain (its `labels.prefix` setting)."""
+SHARING_LABEL = f"{LABEL_PREFIX}/gpu-sharing"
+"""Set by the operator: with value :data:`SHARING_MEMORY` the node shares GPU memory."""
+SHARING_MEMORY = "memory"
+MPS_LABEL = f"{LABEL_PREFIX}/mps"
+"""Set by the operator: `true` when the node enforces GPU-memory limits with MPS."""
+PRODUCT_LABEL_NAME = "gpu.product"
+"""The model label's name under the device plugin's label prefix."""
+PRODUCT_LABEL = f"{LABEL_PREFIX}/{PRODUCT_LABEL_NAME}"
+"""Published by the device plugin: the GPU model as a label value, :data:`PRODUCT_MIXED` on mixed nodes."""
+PRODUCT_MIXED = "mixed"
+
+# ----- Annotations --------------------------------------------------------------------------------------
+
+GPUS_ANNOTATION = f"{LABEL_PREFIX}/gpus"
+"""Node, written by the device plugin: every GPU's memory, model, compute capability, health and NVLinks."""
+BIND_LOCK_ANNOTATION = f"{LABEL_PREFIX}/bind-lock"
+"""Node, written by the extender at bind, removed by the device plugin after the pod's last Allocate."""
+ASSIGNMENT_ANNOTATION = f"{LABEL_PREFIX}/assignment"
+"""Pod, written by the extender before the Binding: the GPUs of each GPU-memory container."""
+ALLOCATED_ANNOTATION = f"{LABEL_PREFIX}/allocated"
+"""Pod, written by the device plugin: the containers it has allocated, comma-separated."""
+
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def label_value(text: str) -> str:
+    """`text` as a label value: at most 63 of [A-Za-z0-9._-], starting and ending alphanumeric."""
+    return _LABEL_VALUE.sub("-", text).strip("-._")[:63].rstrip("-._")
+
+
+def product_label_value(models: Collection[str]) -> str:
+    """The :data:`PRODUCT_LABEL` value for a node with GPUs of these models (one entry per GPU or model).
+
+    One model gives that model as a label value (`NVIDIA A100-SXM4-80GB` → `NVIDIA-A100-SXM4-80GB`);
+    several give :data:`PRODUCT_MIXED`, because a node label cannot say which card a pod gets.
+    """
+    distinct = set(models)
+    return label_value(distinct.pop()) if len(distinct) == 1 else PRODUCT_MIXED
+
+
+# ----- gpufleet.io/gpus ---------------------------------------------------------------------------------
+
+
+def parse_cc(value: Any) -> tuple[int, int]:
+    """Parse a CUDA compute capability: "8.0", "9", 8.6 or [8, 6]; ValueError otherwise."""
+    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+)(?:\.(\d+))?", text)
+    if not match:
+        raise ValueError(f"compute capability {value!r} is not MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEntry:
+    """One GPU of the node's `gpufleet.io/gpus` annotation.
+
+    JSON: `{"index": 0, "uuid": "GPU-…", "model": "NVIDIA A100-SXM4-80GB", "memory_gib": 80, "cc": "8.0",
+    "numa": 0, "healthy": true, "nvlink": {"GPU-peer": 12}}`. `memory_gib` is whole GiB, the number of
+    `gpufleet.io/gpu-mem` devices the plugin advertises for the GPU.
+    """
+
+    index: int
+    uuid: str
+    model: str
+    memory_gib: int
+    cc: tuple[int, int]
+    numa: int | None
+    healthy: bool
+    nvlink: tuple[tuple[str, int], ...]  # (peer uuid, number of NVLinks joining the two), by peer
+
+    def to_json_obj(self) -> dict[str, Any]:
+        """The entry as the JSON object above, keys in that order."""
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "model": self.model,
+            "memory_gib": self.memory_gib,
+            "cc": f"{self.cc[0]}.{self.cc[1]}",
+            "numa": self.numa,
+            "healthy": self.healthy,
+            "nvlink": dict(sorted(self.nvlink)),
+        }
+
+    @classmethod
+    def from_json_obj(cls, doc: Any, position: int) -> GpuEntry:
+        """Parse entry number `position` of the list; ValueError naming the entry and the problem."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"entry {position} is not an object")
+        try:
+            uuid = doc["uuid"]
+            memory = doc["memory_gib"]
+        except KeyError as exc:
+            raise ValueError(f"entry {position} lacks {exc.args[0]!r}") from None
+        if not isinstance(uuid, str) or not uuid:
+            raise ValueError(f"entry {position}: uuid must be a non-empty string")
+        if isinstance(memory, bool) or not isinstance(memory, int | float) or memory < 0:
+            raise ValueError(f"entry {position}: memory_gib must be a non-negative number")
+        nvlink = doc.get("nvlink") or {}
+        if not isinstance(nvlink, dict):
+            raise ValueError(f"entry {position}: nvlink must be an object of peer uuid -> link count")
+        try:
+            index = int(doc.get("index", position))
+        except (TypeError, ValueError):
+            raise ValueError(f"entry {position}: index {doc.get('index')!r} is not an integer") from None
+        try:
+            cc = parse_cc(doc.get("cc", "0.0"))
+        except ValueError as exc:
+            raise ValueError(f"entry {position}: {exc}") from None
+        numa = doc.get("numa")
+        return cls(
+            index=index,
+            uuid=uuid,
+            model=str(doc.get("model") or ""),
+            # The device plugin advertises one device per whole GiB, so a fractional GiB is not usable.
+            memory_gib=math.floor(memory),
+            cc=cc,
+            numa=numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
+            healthy=doc.get("healthy", True) is True,
+            nvlink=tuple(sorted((p, int(n)) for p, n in nvlink.items() if isinstance(n, int) and n > 0)),
+        )
+
+
+def format_gpus(entries: Iterable[GpuEntry]) -> str:
+    """The `gpufleet.io/gpus` annotation value: a compact JSON list, entries in the order given."""
+    return json.dumps([e.to_json_obj() for e in entries], separators=(",", ":"))
+
+
+def parse_gpus(raw: str) -> tuple[GpuEntry, ...]:
+    """Parse the `gpufleet.io/gpus` annotation; ValueError naming the first problem."""
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(doc, list):
+        raise ValueError("not a JSON list")
+    gpus = tuple(GpuEntry.from_json_obj(entry, i) for i, entry in enumerate(doc))
+    if len({g.uuid for g in gpus}) != len(gpus):
+        raise ValueError("duplicate GPU uuid")
+    return gpus
+
+
+# ----- gpufleet.io/bind-lock ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BindLock:
+    """The node's `gpufleet.io/bind-lock`: which pod is between bind and Allocate, and until when.
+
+    Value: `"<pod-uid> <namespace>/<name> <expires-unix-seconds>"`. Absent or expired means free.
+    """
+
+    pod_uid: str
+    pod_key: str  # namespace/name
+    expires: float
+
+    def live(self, now: float) -> bool:
+        """Whether the lock still holds at `now` (unix seconds)."""
+        return now < self.expires
+
+    def format(self) -> str:
+        """The annotation value; the expiry is rounded up to whole seconds."""
+        return f"{self.pod_uid} {self.pod_key} {math.ceil(self.expires)}"
+
+    @classmethod
+    def parse(cls, raw: str) -> BindLock:
+        """Parse the annotation value; ValueError unless it is '<uid> <namespace>/<name> <expires>'."""
+        parts = raw.split()
+        if len(parts) != 3 or "/" not in parts[1]:
+            raise ValueError(f"{BIND_LOCK_ANNOTATION} {raw!r} is not '<uid> <namespace>/<name> <expires>'")
+        try:
+            expires = float(parts[2])
+        except ValueError:
+            raise ValueError(f"{BIND_LOCK_ANNOTATION} expiry {parts[2]!r} is not a number") from None
+        return cls(parts[0], parts[1], expires)
+
+
+def lock_held_by(raw: str | None, pod_uid: str) -> bool:
+    """Whether the raw annotation value names `pod_uid` as its holder (its first field), live or not.
+
+    Used before removing a lock: a lock taken by another pod in the meantime must survive.
+    """
+    return bool(raw) and str(raw).startswith(pod_uid + " ")
+
+
+# ----- gpufleet.io/assignment ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAssignment:
+    """One container's GPU memory: `gpu_mem_gib` in total, split evenly over `gpus`."""
+
+    name: str
+    gpu_mem_gib: int
+    gpus: tuple[str, ...]
+
+    def shares(self) -> dict[str, int]:
+        """GiB per GPU uuid; an uneven split (never written by the extender) rounds up, never under-counts."""
+        if not self.gpus:
+            return {}
+        each = -(-self.gpu_mem_gib // len(self.gpus))
+        out: dict[str, int] = {}
+        for uuid in self.gpus:
+            out[uuid] = out.get(uuid, 0) + each
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The pod's `gpufleet.io/assignment`: which GPUs each GPU-memory container gets.
+
+    JSON: `{"node": "n1", "containers": [{"name": "c0", "gpu_mem_gib": 4, "gpus": ["GPU-…"]}],
+    "ts": 1700000000.0}`, containers in admission order (`spec.initContainers`, then `spec.containers`);
+    `ts` is the bind time in unix seconds.
+    """
+
+    node: str
+    containers: tuple[ContainerAssignment, ...]
+    ts: float
+
+    def shares(self) -> dict[str, int]:
+        """GiB per GPU uuid summed over the containers."""
+        out: dict[str, int] = {}
+        for container in self.containers:
+            for uuid, gib in container.shares().items():
+                out[uuid] = out.get(uuid, 0) + gib
+        return out
+
+    def pending(self, allocated: Collection[str]) -> tuple[ContainerAssignment, ...]:
+        """The containers not yet in `allocated` (see :func:`parse_allocated`), in admission order."""
+        return tuple(c for c in self.containers if c.name not in allocated)
+
+    def to_json(self) -> str:
+        """Serialise in the field order docs/handoff.md shows."""
+        doc = {
+            "node": self.node,
+            "containers": [
+                {"name": c.name, "gpu_mem_gib": c.gpu_mem_gib, "gpus": list(c.gpus)} for c in self.containers
+            ],
+            "ts": round(self.ts, 3),
+        }
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> Assignment:
+        """Parse the annotation; ValueError on anything the device plugin could not act on."""
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"assignment is not JSON ({exc.msg})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
+            raise ValueError("assignment lacks a node")
+        entries = doc.get("containers")
+        if not isinstance(entries, list):
+            raise ValueError("assignment containers must be a list")
+        containers = []
+        for entry in entries:
+            if not isinstance(entry, dict):
+                raise ValueError("assignment container entry is not an object")
+            name = entry.get("name")
+            gib = entry.get("gpu_mem_gib")
+            gpus = entry.get("gpus")
+            if not isinstance(name, str):
+                raise ValueError("assignment container entry lacks a name")
+            if isinstance(gib, bool) or not isinstance(gib, int) or gib < 0:
+                raise ValueError(f"assignment container {name!r}: gpu_mem_gib must be a non-negative integer")
+            if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+                raise ValueError(f"assignment container {name!r}: gpus must be a list of uuids")
+            containers.append(ContainerAssignment(name, gib, tuple(gpus)))
+        ts = doc.get("ts", 0.0)
+        if isinstance(ts, bool) or not isinstance(ts, int | float):
+            raise ValueError("assignment ts must be unix seconds")
+        return cls(doc["node"], tuple(containers), float(ts))
+
+
+# ----- gpufleet.io/allocated ----------------------------------------------------------------------------
+
+
+def parse_allocated(raw: str | None) -> tuple[str, ...]:
+    """Container names in the pod's `gpufleet.io/allocated` (comma-separated; absent or empty: none)."""
+    return tuple(n for n in (raw or "").split(",") if n)
+
+
+def format_allocated(names: Iterable[str]) -> str:
+    """The `gpufleet.io/allocated` value for these container names, in allocation order."""
+    return ",".join(names)
