@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from gpufleet import __version__
 
 # Each module exposes register(subparsers) -> None and sets `func` on its parsers.
-_COMMAND_MODULES = ("gpufleet.sim.cli", "gpufleet.gpu.cli", "gpufleet.lab.cli", "gpufleet.extender.cli")
+_COMMAND_MODULES = ("gpufleet.sim.cli", "gpufleet.gpu.cli", "gpufleet.lab.cli", "gpufleet.extender.cli",
+                    "gpufleet.testhosts.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,7 @@
+"""python -m gpufleet.testhosts"""
+
+import sys
+
+from gpufleet.testhosts.cli import main
+
+sys.exit(main())

@@ -1,0 +1,158 @@
+"""Systemd test-host images built with debootstrap and imported into podman, cached by content key.
+
+An image is named ``localhost/gpufleet-testhost:<suite>`` and labelled with the key of what went into it
+(suite, mirror, package list, builder revision). A build is skipped when the image with that key exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.testhosts.podman import podman, podman_env
+from gpufleet.testhosts.workspace import require_tools, state_dir
+
+IMAGE_REPOSITORY = "localhost/gpufleet-testhost"
+KEY_LABEL = "io.gpufleet.testhost.key"
+# Bump when the build steps below change in a way the key does not capture.
+BUILDER_REVISION = 2
+# sudo: playbooks use become, as on real fleets.
+DEFAULT_INCLUDE = ("systemd", "systemd-sysv", "python3", "dbus", "ca-certificates", "sudo")
+DEBIAN_SUITES = ("bookworm", "trixie")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def apt_mirror(sources_dir: Path = Path("/etc/apt/sources.list.d")) -> str:
+    """The Debian mirror this machine's apt uses (first plain http URI of a deb822 source), or Debian's."""
+    override = os.environ.get("GPUFLEET_DEBIAN_MIRROR")
+    if override:
+        return override.rstrip("/")
+    for path in sorted(sources_dir.glob("*.sources")):
+        for match in re.finditer(r"^URIs:\s*(\S+)", path.read_text(), re.MULTILINE):
+            uri = match.group(1).rstrip("/")
+            if uri.startswith("http://") and uri.endswith("/debian"):
+                return uri
+    return DEFAULT_MIRROR
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a test-host image is built from."""
+
+    suite: str
+    mirror: str = field(default_factory=apt_mirror)
+    include: tuple[str, ...] = DEFAULT_INCLUDE
+
+    @property
+    def name(self) -> str:
+        return f"{IMAGE_REPOSITORY}:{self.suite}"
+
+    def key(self) -> str:
+        blob = json.dumps(
+            {
+                "suite": self.suite,
+                "mirror": self.mirror,
+                "include": sorted(self.include),
+                "rev": BUILDER_REVISION,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def image_key(name: str) -> str | None:
+    """The content key label of a local image, or None when the image does not exist."""
+    result = podman("image", "inspect", "--format", "{{json .Labels}}", name, check=False)
+    if result.returncode != 0:
+        return None
+    labels = json.loads(result.stdout.strip() or "null") or {}
+    return labels.get(KEY_LABEL)
+
+
+def _debootstrap(spec: ImageSpec, rootfs: Path) -> None:
+    subprocess.run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(spec.include)}",
+            spec.suite,
+            str(rootfs),
+            spec.mirror,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish_rootfs(rootfs: Path) -> None:
+    # Each container must generate its own machine-id (systemd does so when the file is empty).
+    (rootfs / "etc/machine-id").write_text("")
+    for stale in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        stale.unlink()
+    for lists in (rootfs / "var/lib/apt/lists").glob("*_Packages"):
+        lists.unlink()
+    # Units that make no sense in a container and only slow boot or degrade the host state.
+    wants = rootfs / "etc/systemd/system"
+    for unit in ("systemd-remount-fs.service", "getty@tty1.service", "systemd-firstboot.service"):
+        link = wants / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+
+
+def build_image(spec: ImageSpec, force: bool = False) -> str:
+    """Build (or reuse) the image for ``spec`` and return its name."""
+    require_tools()
+    key = spec.key()
+    if not force and image_key(spec.name) == key:
+        return spec.name
+    work = state_dir() / "rootfs"
+    work.mkdir(exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=work, prefix=f"{spec.suite}-") as tmp:
+        rootfs = Path(tmp) / "root"
+        try:
+            _debootstrap(spec, rootfs)
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(
+                f"debootstrap {spec.suite} from {spec.mirror} failed: {exc.stderr[-2000:]}"
+            ) from exc
+        _finish_rootfs(rootfs)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        subprocess.run(
+            [
+                "podman",
+                "import",
+                "--change",
+                'CMD ["/sbin/init"]',
+                "--change",
+                "STOPSIGNAL SIGRTMIN+3",
+                "--change",
+                f"LABEL {KEY_LABEL}={key}",
+                "-",
+                spec.name,
+            ],
+            stdin=tar.stdout,
+            check=True,
+            capture_output=True,
+            env=podman_env(),
+        )
+        tar.wait()
+        shutil.rmtree(rootfs, ignore_errors=True)
+    _record_build(spec, key, time.monotonic() - started)
+    return spec.name
+
+
+def _record_build(spec: ImageSpec, key: str, seconds: float) -> None:
+    log = state_dir() / "image-builds.jsonl"
+    with log.open("a") as fh:
+        fh.write(json.dumps({"image": spec.name, "key": key, "seconds": round(seconds, 1)}) + "\n")
