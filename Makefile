@@ -16,6 +16,8 @@ lab: bootstrap
 	@# The simulated machines run on this one (connection local): they report facts, and the
 	@# provisioning stages target a group they are not in, so nothing is installed here.
 	$(VENV)/ansible-playbook -i inventory/sim -e gpufleet_target=gpu_nodes site.yml
+	@# Then the host validation suite over the simulated fleet, with its report.
+	$(VENV)/ansible-playbook -i inventory/sim -e gpufleet_validation_suites=host playbooks/validate.yml
 
 ## Everything CI runs: linters, then the whole test suite.
 test: bootstrap lint
@@ -23,7 +25,7 @@ test: bootstrap lint
 	$(VENV)/pytest
 
 lint:
-	$(VENV)/ruff check src tests plugins bench
+	$(VENV)/ruff check src tests plugins bench validation
 	$(VENV)/ansible-lint -q
 	scripts/sanity
 

@@ -11,7 +11,7 @@ from gpufleet import __version__
 
 # Each module exposes register(subparsers) -> None and sets `func` on its parsers.
 _COMMAND_MODULES = ("gpufleet.sim.cli", "gpufleet.gpu.cli", "gpufleet.lab.cli", "gpufleet.extender.cli",
-                    "gpufleet.testhosts.cli")
+                    "gpufleet.testhosts.cli", "gpufleet.validation.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,349 @@
+#!/usr/bin/python
+# Copyright: (c) 2026, gpufleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Ansible module: deploy gpufleet's Kubernetes device plugin and wait until the nodes advertise their GPUs."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_device_plugin
+short_description: Deploy gpufleet's NVIDIA device plugin and wait for the GPUs to appear on the nodes
+version_added: "0.1.0"
+description:
+  - Deploys gpufleet's Kubernetes device plugin (C(python -m gpufleet.deviceplugin)) as a DaemonSet and waits
+    until the rollout is done B(and) every target node reports the expected number of devices in its
+    capacity and allocatable.
+  - "DaemonSet mode manages, in this order: the namespace (O(create_namespace)), a ServiceAccount, a
+    least-privilege ClusterRole and ClusterRoleBinding, a ConfigMap with the plugin's configuration file, and
+    the DaemonSet (node selector, tolerations, hostPath C(/var/lib/kubelet/device-plugins) and the host's
+    C(/dev))."
+  - "RBAC follows what the configuration makes the plugin call: node labels (the default) need nodes
+    C(get) and C(patch); GPU-memory sharing (C(sharing.mode=memory)) also needs pods C(list), C(get) and
+    C(patch) for the hand-off with the scheduler extender; with neither, no role is created and the pod
+    gets no service account token."
+  - In systemd mode the plugin runs as a systemd unit on each GPU node, installed by the
+    C(gpufleet.nvidia.gpufleet_kubernetes) role with builtin modules (virtualenv, config file, unit). This
+    module then manages nothing in the cluster and only waits for the nodes' capacity.
+  - When a node falls short the module fails naming the node and why, in this order - no such node, no
+    plugin pod on it (and why not - node selector, an untolerated taint, node not Ready), the pod is not
+    ready (waiting reason, crash, last log lines), the plugin is not registered with the kubelet, it
+    advertises a different count than expected, or some devices are unhealthy.
+  - Objects are compared field by field with what is wanted and patched only where they differ, so a second
+    run reports no change. Check mode reports what would change without writing. With C(--diff) the managed
+    fields of each changed object are shown before and after.
+  - Only objects labelled C(app.kubernetes.io/managed-by=gpufleet) are ever deleted.
+author:
+  - gpufleet contributors (@gpufleet)
+requirements:
+  - kubernetes (the Python client) on the host that runs the module, usually the controller
+  - PyYAML
+  - gpufleet (optional) on that host, to validate O(plugin_config) before deploying it
+options:
+  state:
+    description:
+      - V(present) deploys and waits; V(absent) deletes the DaemonSet-mode objects (and waits until they are gone
+        when O(wait) is set).
+    type: str
+    choices: [present, absent]
+    default: present
+  mode:
+    description:
+      - V(daemonset) runs the plugin as a DaemonSet managed by this module.
+      - V(systemd) means the plugin runs as a systemd unit on the nodes (installed by the gpufleet_kubernetes
+        role); the module only waits for O(expected_gpus).
+    type: str
+    choices: [daemonset, systemd]
+    default: daemonset
+  name:
+    description: Name of every object (ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet).
+    type: str
+    default: gpufleet-device-plugin
+  namespace:
+    description: Namespace of the namespaced objects.
+    type: str
+    default: gpufleet-system
+  create_namespace:
+    description:
+      - Create O(namespace) if it is missing (an existing namespace is never adopted).
+      - With O(state=absent) the namespace is deleted only if gpufleet created it and it holds nothing else (another
+        gpufleet deployment, anyone's workloads); otherwise it is reported as V(skipped) with what it still holds.
+    type: bool
+    default: true
+  image:
+    description: Device plugin image (built from C(deploy/deviceplugin/Containerfile)).
+    type: str
+    default: gpufleet/device-plugin:0.1.0
+  image_pull_policy:
+    description: The container's imagePullPolicy.
+    type: str
+    choices: [Always, IfNotPresent, Never]
+    default: IfNotPresent
+  command:
+    description: Overrides the image's entrypoint. The arguments are always C(--config /etc/gpufleet/config.yaml).
+    type: list
+    elements: str
+  plugin_config:
+    description:
+      - The plugin's configuration file (C(deploy/deviceplugin/config.example.yaml) lists every key), stored in
+        the ConfigMap. C(version) defaults to V(v1).
+      - C(host_root) is set from O(host_root); C(socket_dir) and C(node_name) are the deployment's and may not be
+        given.
+      - Changing it rolls the DaemonSet (its pods carry the configuration's hash).
+    type: dict
+    default: {}
+  node_selector:
+    description: Labels a node must have to run the plugin (the DaemonSet's nodeSelector).
+    type: dict
+    default: {}
+  tolerations:
+    description:
+      - The pods' tolerations. Default tolerates C(nvidia.com/gpu:NoSchedule) and C(CriticalAddonsOnly).
+    type: list
+    elements: dict
+  priority_class_name:
+    description: The pods' priorityClassName; an empty string sets none.
+    type: str
+    default: system-node-critical
+  resources:
+    description: The container's resources. Default requests 10m CPU and 64Mi memory, limits memory to 128Mi.
+    type: dict
+  host_root:
+    description:
+      - Where the host's C(/dev) (and C(/sys), C(/proc)) are, as a path on the node; mounted at the same path.
+      - Other than V(/) only for simulated GPUs (gpufleet's GPU simulator) or a mounted host tree.
+    type: path
+    default: /
+  host_network:
+    description: Run the pods in the node's network namespace.
+    type: bool
+    default: false
+  env:
+    description: Extra environment variables of the plugin container (besides C(NODE_NAME)).
+    type: dict
+    default: {}
+  extra_volumes:
+    description: Extra hostPath volumes mounted into the plugin container.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: Volume name.
+        type: str
+        required: true
+      host_path:
+        description: Path on the node.
+        type: path
+        required: true
+      mount_path:
+        description: Path in the container; default the same as O(extra_volumes[].host_path).
+        type: path
+      read_only:
+        description: Mount read-only.
+        type: bool
+        default: true
+  expected_gpus:
+    description:
+      - Node name to number of GPUs, e.g. from each host's C(gpufleet_gpu.gpu_count) fact. The module waits until
+        each of these nodes reports that many devices (times the replicas with time-slicing; any positive number
+        of GiB with GPU-memory sharing) in capacity and allocatable.
+      - Empty in DaemonSet mode - every node the DaemonSet runs on must report some. Required in systemd mode with
+        O(wait).
+    type: dict
+    default: {}
+  wait:
+    description: Wait for the rollout and the capacity (V(present)) or for the objects to be gone (V(absent)).
+    type: bool
+    default: true
+  wait_timeout:
+    description: Seconds for each wait.
+    type: int
+    default: 300
+  kubeconfig:
+    description:
+      - Path of the kubeconfig file. Default E(KUBECONFIG), then C(~/.kube/config).
+    type: path
+  context:
+    description: Context of the kubeconfig to use; default its current context.
+    type: str
+  host:
+    description: API server URL, used with O(api_key) instead of a kubeconfig.
+    type: str
+  api_key:
+    description: Bearer token for O(host). Never logged.
+    type: str
+  ca_cert:
+    description: CA bundle that signed the API server's certificate (with O(host), or to override the kubeconfig's).
+    type: path
+  validate_certs:
+    description: Verify the API server's certificate.
+    type: bool
+    default: true
+  request_timeout:
+    description: Seconds per API request.
+    type: int
+    default: 30
+attributes:
+  check_mode:
+    description: Reports what would be created, changed or deleted without writing; does not wait.
+    support: full
+  diff_mode:
+    description: Shows the managed fields of each changed object before and after.
+    support: full
+notes:
+  - Runs against the Kubernetes API, so it normally runs once on the controller (C(delegate_to), C(run_once)).
+  - Quantities in O(resources) should be given as the API server writes them back (C(100m), C(64Mi)), else every
+    run reports a change.
+  - Tested against a Kubernetes 1.20 API server and kubelet built from Debian's source, with simulated GPUs.
+seealso:
+  - module: gpufleet.nvidia.gpu_scheduler_extender
+  - name: Device plugin documentation
+    description: docs/deviceplugin.md in the gpufleet repository.
+    link: https://gpufleet.example/gpufleet/docs/deviceplugin.md
+"""
+
+EXAMPLES = r"""
+- name: Deploy the device plugin on the GPU nodes and wait for their GPUs
+  gpufleet.nvidia.gpu_device_plugin:
+    kubeconfig: /etc/kubernetes/admin.conf
+    image: registry.example.com/gpufleet/device-plugin:0.1.0
+    node_selector:
+      gpufleet.io/gpu-node: "true"
+    expected_gpus:
+      dgx-01: 8
+      t4-07: 2
+  delegate_to: localhost
+  run_once: true
+
+- name: GPU-memory sharing on nodes labelled for it
+  gpufleet.nvidia.gpu_device_plugin:
+    name: gpufleet-device-plugin-mem
+    node_selector:
+      gpufleet.io/gpu-sharing: memory
+    plugin_config:
+      sharing:
+        mode: memory
+  delegate_to: localhost
+  run_once: true
+
+- name: Wait for plugins installed as systemd units to register
+  gpufleet.nvidia.gpu_device_plugin:
+    mode: systemd
+    expected_gpus: "{{ dict(groups['gpu_nodes'] | zip(groups['gpu_nodes'] | map('extract', hostvars, ['ansible_facts', 'gpufleet_gpu', 'gpu_count']))) }}"
+  delegate_to: localhost
+  run_once: true
+
+- name: Remove the device plugin
+  gpufleet.nvidia.gpu_device_plugin:
+    state: absent
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+changed:
+  description: Whether an object was (or, in check mode, would be) created, patched or deleted.
+  returned: always
+  type: bool
+  sample: false
+resource:
+  description: The extended resource the plugin advertises.
+  returned: always
+  type: str
+  sample: nvidia.com/gpu
+objects:
+  description: Every managed object and what happened to it.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    kind:
+      description: Object kind.
+      type: str
+      sample: DaemonSet
+    name:
+      description: Object name.
+      type: str
+      sample: gpufleet-device-plugin
+    namespace:
+      description: Namespace; null for cluster-scoped objects.
+      type: str
+      sample: gpufleet-system
+    action:
+      description: V(created), V(updated), V(unchanged), V(deleted), V(absent) (nothing to delete) or V(skipped)
+        (not managed by gpufleet, left alone).
+      type: str
+      sample: unchanged
+    note:
+      description: Why an object was skipped.
+      type: str
+      returned: when action is skipped
+  sample:
+    - {"kind": "DaemonSet", "name": "gpufleet-device-plugin", "namespace": "gpufleet-system", "action": "created"}
+nodes:
+  description: Per waited-for node, the resource's capacity and allocatable once they matched.
+  returned: when state is present, wait is true and not in check mode
+  type: dict
+  sample: {"dgx-01": {"capacity": 8, "allocatable": 8}}
+diff:
+  description: Before/after of each changed object's managed fields (with C(--diff)).
+  returned: when diff mode is on
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    ConnectionOptions,
+    Kube,
+    KubeError,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_deviceplugin import (
+    ARGUMENT_SPEC,
+    ParameterError,
+    plugin_config,
+    reconcile,
+    shape_of,
+    wait_ready,
+)
+
+
+def main() -> None:
+    """Parse arguments, apply or delete, wait, report."""
+    module = AnsibleModule(argument_spec={**ARGUMENT_SPEC, **CONNECTION_ARGS}, supports_check_mode=True)
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
+    params = module.params
+    result: dict = {"changed": False, "objects": [], "nodes": {}}
+    waits = params["state"] == "present" and params["wait"] and not module.check_mode
+    try:
+        result["resource"] = shape_of(plugin_config(params)).resource
+        if params["mode"] == "systemd" and not waits:
+            module.exit_json(**result)  # nothing in the cluster is this module's in systemd mode
+        kube = Kube(ConnectionOptions.from_params(params))
+        applied, warnings = reconcile(kube, params, module.check_mode)
+    except (KubeError, ParameterError) as exc:
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            result["changed"], result["objects"] = partial.changed, partial.objects()
+        module.fail_json(msg=str(exc), **result)
+    for warning in warnings:
+        module.warn(warning)
+    result["changed"], result["objects"] = applied.changed, applied.objects()
+    if module._diff:
+        result["diff"] = applied.diffs()
+    if waits:
+        try:
+            result["nodes"] = wait_ready(kube, params)
+        except (KubeError, ParameterError) as exc:
+            module.fail_json(msg=str(exc), **result)
+    kube.close()
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Validation results: one record per check, the JSON report, the 80-column per-host table, the exit code.
+
+A check is one test of a suite for one host (``test_gpu_count[sim-dgx-a100]``) or for the cluster. Its
+outcome is ``passed``, ``failed`` (the thing checked is wrong), ``error`` (the check could not run: host
+unreachable, API down, bad expectations) or ``skipped`` (does not apply, with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUITES = ("host", "runtime", "cluster", "workload")  # the GPU Operator validator's order
+CLUSTER_TARGET = "(cluster)"
+WIDTH = 80
+
+EXIT_PASS, EXIT_FAIL, EXIT_NOT_RUN = 0, 1, 2
+
+
+@dataclass
+class Check:
+    """One check's result."""
+
+    suite: str
+    target: str
+    name: str
+    outcome: str
+    message: str = ""
+    seconds: float = 0.0
+    nodeid: str = ""
+
+
+@dataclass
+class Report:
+    """Every check of a run, plus why the run itself could not complete (if it could not)."""
+
+    checks: list[Check] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    suites: tuple[str, ...] = SUITES
+
+    def exit_code(self) -> int:
+        """0: every check passed or was skipped; 1: a check failed; 2: nothing failed but something could
+        not run."""
+        if any(c.outcome == "failed" for c in self.checks):
+            return EXIT_FAIL
+        if self.problems or any(c.outcome == "error" for c in self.checks) or not self.checks:
+            return EXIT_NOT_RUN
+        return EXIT_PASS
+
+    @property
+    def status(self) -> str:
+        return {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_NOT_RUN: "could not run"}[self.exit_code()]
+
+    def targets(self) -> list[str]:
+        """Hosts in first-seen order, the cluster-wide row last."""
+        seen = dict.fromkeys(c.target for c in self.checks if c.target != CLUSTER_TARGET)
+        if any(c.target == CLUSTER_TARGET for c in self.checks):
+            seen[CLUSTER_TARGET] = None
+        return list(seen)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for check in self.checks:
+            counts[check.outcome] = counts.get(check.outcome, 0) + 1
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code(),
+            "counts": counts,
+            "problems": self.problems,
+            "hosts": {t: self._host_summary(t) for t in self.targets()},
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+    def _host_summary(self, target: str) -> dict[str, str]:
+        return {suite: self.cell(target, suite) for suite in self.suites}
+
+    def cell(self, target: str, suite: str) -> str:
+        """``PASS 9/9``, ``FAIL 2/9``, ``ERROR``, ``SKIP`` or ``-`` (not run) for one host and suite."""
+        checks = [c for c in self.checks if c.target == target and c.suite == suite]
+        if not checks:
+            return "-"
+        ran = [c for c in checks if c.outcome != "skipped"]
+        passed = sum(c.outcome == "passed" for c in ran)
+        if not ran:
+            return "SKIP"
+        if any(c.outcome == "failed" for c in ran):
+            return f"FAIL {passed}/{len(ran)}"
+        if any(c.outcome == "error" for c in ran):
+            return f"ERROR {passed}/{len(ran)}"
+        return f"PASS {passed}/{len(ran)}"
+
+    def table(self) -> str:
+        """The per-host table, then each failure and error wrapped to 80 columns."""
+        host_width = max([len("HOST"), *(len(t) for t in self.targets())])
+        host_width = min(host_width, WIDTH - 4 - 13 * len(self.suites))
+        lines = [f"{'HOST':<{host_width}}  " + "".join(f"{s.upper():<13}" for s in self.suites)]
+        for target in self.targets():
+            name = target if len(target) <= host_width else target[: host_width - 1] + "~"
+            lines.append(
+                f"{name:<{host_width}}  " + "".join(f"{self.cell(target, s):<13}" for s in self.suites)
+            )
+        lines = [line.rstrip() for line in lines]
+        bad = [c for c in self.checks if c.outcome in ("failed", "error")]
+        if bad or self.problems:
+            lines.append("")
+            lines.append("FAILURES" if bad else "PROBLEMS")
+        for check in bad:
+            head = f"{check.target} {check.suite}/{check.name}: {check.outcome.upper()}"
+            lines += textwrap.wrap(head, WIDTH, initial_indent="- ", subsequent_indent="  ")
+            for paragraph in check.message.splitlines() or [""]:
+                lines += textwrap.wrap(paragraph, WIDTH, initial_indent="    ", subsequent_indent="    ")
+        for problem in self.problems:
+            lines += textwrap.wrap(problem, WIDTH, initial_indent="- ", subsequent_indent="  ")
+        lines.append("")
+        lines.append(f"result: {self.status} (exit {self.exit_code()})")
+        return "\n".join(lines) + "\n"
+
+
+def write_report(report: Report, directory: Path) -> dict[str, Path]:
+    """``report.json`` and ``report.txt`` (the table) in ``directory``; JUnit is pytest's ``junit.xml``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {"json": directory / "report.json", "table": directory / "report.txt"}
+    paths["json"].write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    paths["table"].write_text(report.table())
+    return paths
+
+
+def load_expectations(path: Path) -> dict[str, Any]:
+    """The expectations file (JSON or YAML): ``hosts`` {name: {...}} and optional ``cluster`` {...}."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{path}: expected a mapping with 'hosts' and optionally 'cluster'")
+    hosts = doc.get("hosts") or {}
+    if not isinstance(hosts, Mapping) or not all(isinstance(v, Mapping) for v in hosts.values()):
+        raise ValueError(f"{path}: 'hosts' must map host names to mappings")
+    unknown = set(doc) - {"hosts", "cluster"}
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level keys {sorted(unknown)}")
+    return {"hosts": dict(hosts), "cluster": dict(doc.get("cluster") or {})}
+
+
+def checks_from(records: Iterable[Mapping[str, Any]]) -> list[Check]:
+    """Checks from the collector's records (one per test; its worst phase wins)."""
+    return [Check(**{k: r[k] for k in Check.__dataclass_fields__ if k in r}) for r in records]

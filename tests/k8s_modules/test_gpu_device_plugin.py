@@ -1,0 +1,262 @@
+"""gpu_device_plugin through ansible-playbook against the lab: objects, idempotence, check mode, diff,
+absent, least-privilege RBAC, and the capacity wait with the plugin running as a DaemonSet of the gpufleet
+image on real kubelets with simulated GPUs (and as a process, for systemd mode)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from labstack import SIM_DIR, LabStack, run_tasks, timed, wait_until
+
+from gpufleet.sim import control as simcontrol
+
+pytestmark = pytest.mark.cluster
+
+MODULE = "gpufleet.nvidia.gpu_device_plugin"
+
+
+def _plain(obj: Any) -> Any:
+    return k8s.ApiClient().sanitize_for_serialization(obj)
+
+
+def _base(stack: LabStack, name: str, **extra: Any) -> dict[str, Any]:
+    return {"kubeconfig": str(stack.control_plane.kubeconfig()), "name": name, "namespace": name, **extra}
+
+
+def _lab_daemonset(stack: LabStack, name: str, **extra: Any) -> dict[str, Any]:
+    """Module arguments that run the plugin on the lab's GPU nodes: gpufleet image, the node's sim root."""
+    lab = {
+        "image": stack.image.name,
+        "image_pull_policy": "Never",
+        "host_network": True,
+        "env": stack.pod_env(),
+        "host_root": f"{SIM_DIR}/host",
+        "extra_volumes": stack.sim_volumes(),
+        "plugin_config": {"http": {"port": 0}, "health": {"probe_interval": 1}},
+    }
+    return _base(stack, name, **{**lab, **extra})
+
+
+def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_path: Path) -> None:
+    name = f"dp-{secrets.token_hex(3)}"
+    args = _base(stack, name, wait=False, node_selector={"gpufleet.io/none": "x"})
+    check = run_tasks([{MODULE: args}], tmp_path, args=["--check"]).task()
+    assert check["changed"] and {o["action"] for o in check["objects"]} == {"created"}
+    core = stack.control_plane.core_v1()
+    assert name not in {n.metadata.name for n in core.list_namespace().items}, "check mode created something"
+
+    first = run_tasks([{MODULE: args}], tmp_path).task()
+    assert first["changed"], first
+    assert [(o["kind"], o["action"]) for o in first["objects"]] == [
+        ("Namespace", "created"),
+        ("ServiceAccount", "created"),
+        ("ClusterRole", "created"),
+        ("ClusterRoleBinding", "created"),
+        ("ConfigMap", "created"),
+        ("DaemonSet", "created"),
+    ]
+    rbac = k8s.RbacAuthorizationV1Api(stack.control_plane.api_client())
+    rules = _plain(rbac.read_cluster_role(name))["rules"]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    apps = k8s.AppsV1Api(stack.control_plane.api_client())
+    ds = _plain(apps.read_namespaced_daemon_set(name, name))
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpufleet.io/none": "x"}
+    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
+        "/var/lib/kubelet/device-plugins",
+        "/dev",
+    }
+    assert ds["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpufleet"
+
+    with timed(stack.timings, "device plugin module: unchanged run"):
+        second = run_tasks([{MODULE: args}], tmp_path).task()
+    assert not second["changed"], second
+    assert {o["action"] for o in second["objects"]} == {"unchanged"}
+
+    # a change: check mode shows it in the diff and writes nothing; the real run patches only that
+    changed = {**args, "plugin_config": {"sharing": {"mode": "memory"}}, "tolerations": []}
+    preview = run_tasks([{MODULE: changed}], tmp_path, args=["--check", "--diff"]).task()
+    assert preview["changed"]
+    touched = {(o["kind"], o["action"]) for o in preview["objects"] if o["action"] != "unchanged"}
+    assert touched == {("ClusterRole", "updated"), ("ConfigMap", "updated"), ("DaemonSet", "updated")}
+    diff = {d["before_header"]: d for d in preview["diff"]}
+    assert "mode: memory" in diff[f"ConfigMap {name}/{name}"]["after"]
+    assert "mode: memory" not in diff[f"ConfigMap {name}/{name}"]["before"]
+    assert (
+        "pods" in diff[f"ClusterRole {name}"]["after"] and "pods" not in diff[f"ClusterRole {name}"]["before"]
+    )
+    assert "tolerations: []" in diff[f"DaemonSet {name}/{name}"]["after"]
+    assert "memory" not in _plain(core.read_namespaced_config_map(name, name))["data"]["config.yaml"]
+
+    applied = run_tasks([{MODULE: changed}], tmp_path).task()
+    assert applied["changed"]
+    rules = _plain(rbac.read_cluster_role(name))["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]} in rules
+    assert not _plain(apps.read_namespaced_daemon_set(name, name))["spec"]["template"]["spec"].get(
+        "tolerations"
+    )
+    assert not run_tasks([{MODULE: changed}], tmp_path).task()["changed"]
+
+    # labels off and no memory sharing: the plugin needs no API, so the role goes and no token is mounted
+    silent = {**args, "plugin_config": {"labels": {"enabled": False}}}
+    quiet = run_tasks([{MODULE: silent}], tmp_path).task()
+    assert ("ClusterRole", "deleted") in {(o["kind"], o["action"]) for o in quiet["objects"]}
+    account = _plain(core.read_namespaced_service_account(name, name))
+    assert account["automountServiceAccountToken"] is False
+
+    gone = run_tasks(
+        [{MODULE: {**args, "state": "absent", "wait": True, "wait_timeout": 60}}], tmp_path
+    ).task()
+    assert gone["changed"], gone
+    assert {o["action"] for o in gone["objects"]} <= {"deleted", "absent"}
+    assert name not in {n.metadata.name for n in core.list_namespace().items}
+    again = run_tasks([{MODULE: {**args, "state": "absent"}}], tmp_path).task()
+    assert not again["changed"] and {o["action"] for o in again["objects"]} == {"absent"}
+
+
+def test_invalid_plugin_config_is_refused_before_anything_is_written(stack: LabStack, tmp_path: Path) -> None:
+    name = f"dp-{secrets.token_hex(3)}"
+    bad = _base(stack, name, wait=False, plugin_config={"health": {"bogus": 1}, "log": {"level": "loud"}})
+    result = run_tasks([{MODULE: bad}], tmp_path).task()
+    assert result["failed"]
+    assert "plugin_config is invalid" in result["msg"]
+    assert "health.bogus: unknown setting" in result["msg"]
+    core = stack.control_plane.core_v1()
+    assert name not in {n.metadata.name for n in core.list_namespace().items}
+
+
+def test_daemonset_waits_for_rollout_and_every_node_capacity(stack: LabStack, tmp_path: Path) -> None:
+    nodes = stack.nodes()
+    name = f"dp-{secrets.token_hex(3)}"
+    args = _lab_daemonset(
+        stack,
+        name,
+        node_selector={"gpufleet.io/lab-gpus": "whole"},
+        expected_gpus={"gpu-a": 8},
+        wait_timeout=180,
+    )
+    try:
+        with timed(stack.timings, "device plugin module: deploy + rollout + capacity"):
+            result = run_tasks([{MODULE: args}], tmp_path).task()
+        assert not result.get("failed"), result.get("msg")
+        assert result["nodes"] == {"gpu-a": {"capacity": 8, "allocatable": 8}}
+        core = stack.control_plane.core_v1()
+        node = _plain(core.read_node("gpu-a"))
+        # the plugin reached the API through the lab relay and published its labels
+        labels = wait_until(
+            "GPU labels on gpu-a",
+            lambda: _plain(core.read_node("gpu-a"))["metadata"]["labels"].get("gpufleet.io/gpu.count"),
+            30,
+        )
+        assert labels == "8"
+        assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+        with timed(stack.timings, "device plugin module: unchanged run incl. waits"):
+            again = run_tasks([{MODULE: args}], tmp_path).task()
+        assert not again["changed"] and again["nodes"]["gpu-a"]["allocatable"] == 8
+
+        # a node expected to have more GPUs than the plugin finds: named, with the count
+        short = run_tasks(
+            [{MODULE: {**args, "expected_gpus": {"gpu-a": 9}, "wait_timeout": 8}}], tmp_path
+        ).task()
+        assert short["failed"]
+        assert "1 of 1 node(s) do not report the expected nvidia.com/gpu" in short["msg"]
+        assert "gpu-a: advertises 8 nvidia.com/gpu, expected 9" in short["msg"]
+
+        # a node the DaemonSet does not select: "no plugin pod on it" and why
+        off = run_tasks(
+            [{MODULE: {**args, "expected_gpus": {"gpu-a": 8, "gpu-b": 2}, "wait_timeout": 5}}], tmp_path
+        ).task()
+        assert off["failed"]
+        assert (
+            "gpu-b: no plugin pod on it: its labels do not match the nodeSelector gpufleet.io/lab-gpus=whole"
+            in off["msg"]
+        ), off["msg"]
+        assert "gpu-a:" not in off["msg"]
+
+        # an unhealthy GPU lowers allocatable: named as unhealthy devices, with the plugin's log line
+        simcontrol.inject(nodes["gpu-a"].sim_root, ["xid", "3", "48"])
+        wait_until(
+            "allocatable 7 on gpu-a",
+            lambda: _plain(core.read_node("gpu-a"))["status"]["allocatable"]["nvidia.com/gpu"] == "7",
+            30,
+        )
+        sick = run_tasks([{MODULE: {**args, "wait_timeout": 5}}], tmp_path).task()
+        assert sick["failed"]
+        assert "gpu-a: 1 of 8 nvidia.com/gpu devices unhealthy; plugin log:" in sick["msg"], sick["msg"]
+        assert "XID 48" in sick["msg"]
+    finally:
+        simcontrol.inject(nodes["gpu-a"].sim_root, ["gpu", "3", "lost"])
+        time.sleep(2)
+        simcontrol.inject(nodes["gpu-a"].sim_root, ["gpu", "3", "ok"])
+        run_tasks([{MODULE: {**args, "state": "absent", "wait": True, "wait_timeout": 60}}], tmp_path)
+
+
+def test_pod_that_cannot_start_is_named_with_its_reason(stack: LabStack, tmp_path: Path) -> None:
+    stack.nodes()
+    name = f"dp-{secrets.token_hex(3)}"
+    args = _lab_daemonset(
+        stack,
+        name,
+        node_selector={"gpufleet.io/lab-gpus": "whole"},
+        image="gpufleet-lab/not-there:1",
+        wait_timeout=15,
+    )
+    try:
+        result = run_tasks([{MODULE: args}], tmp_path).task()
+        assert result["failed"]
+        assert f"DaemonSet {name}/{name} not rolled out after 15s" in result["msg"]
+        assert "on node gpu-a" in result["msg"] and "ErrImageNeverPull" in result["msg"], result["msg"]
+    finally:
+        run_tasks([{MODULE: {**args, "state": "absent", "wait": False}}], tmp_path)
+
+
+def test_systemd_mode_waits_for_a_plugin_process_and_names_a_node_without_one(
+    stack: LabStack, tmp_path: Path
+) -> None:
+    """The plugin as a node process (what the role's systemd unit runs): the module only waits."""
+    nodes = stack.nodes()
+    gpu_b = nodes["gpu-b"]
+    base = {"kubeconfig": str(stack.control_plane.kubeconfig()), "mode": "systemd", "wait_timeout": 6}
+    missing = run_tasks([{MODULE: {**base, "expected_gpus": {"gpu-b": 2}}}], tmp_path).task()
+    assert missing["failed"]
+    assert (
+        "gpu-b: plugin not registered with the kubelet: the node reports no nvidia.com/gpu" in missing["msg"]
+    )
+    assert "journalctl -u gpufleet-device-plugin" in missing["msg"]
+    assert missing["objects"] == [] and not missing["changed"]
+
+    env = {
+        **os.environ,
+        "GPUFLEET_SIM_ROOT": SIM_DIR,
+        "LD_LIBRARY_PATH": f"{SIM_DIR}/lib",
+        "NODE_NAME": "gpu-b",
+    }
+    plugin = gpu_b.node.spawn(
+        "device-plugin",
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.deviceplugin",
+            "--host-root",
+            f"{SIM_DIR}/host",
+            "--labels-enabled",
+            "false",
+        ],
+        env=env,
+    )
+    try:
+        with timed(stack.timings, "device plugin module: systemd-mode wait"):
+            ok = run_tasks(
+                [{MODULE: {**base, "expected_gpus": {"gpu-b": 2}, "wait_timeout": 60}}], tmp_path
+            ).task()
+        assert not ok.get("failed"), ok.get("msg")
+        assert ok["nodes"] == {"gpu-b": {"capacity": 2, "allocatable": 2}} and not ok["changed"]
+    finally:
+        plugin.stop()

@@ -1,0 +1,158 @@
+"""Connection and permission failures of gpufleet's Kubernetes modules, through ansible-playbook against
+the lab's real kube-apiserver: each says what failed, none shows a credential."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labstack import LabStack, run_tasks, wait_until
+
+from gpufleet.lab.process import free_ports
+
+pytestmark = pytest.mark.cluster
+
+
+def _sa_token(stack: LabStack, namespace: str, name: str) -> str:
+    """Create a ServiceAccount and return its token (1.20: the tokens controller's secret)."""
+    core = stack.control_plane.core_v1()
+    api = core.api_client
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+
+    def token() -> str | None:
+        account = api.sanitize_for_serialization(core.read_namespaced_service_account(name, namespace))
+        if not account.get("secrets"):
+            return None
+        secret = api.sanitize_for_serialization(
+            core.read_namespaced_secret(account["secrets"][0]["name"], namespace)
+        )
+        return base64.b64decode(secret["data"]["token"]).decode()
+
+    return str(wait_until(f"token of {namespace}/{name}", token, 30))
+
+
+def test_least_privilege_token_gets_forbidden_naming_verb_and_resource(
+    stack: LabStack, tmp_path: Path
+) -> None:
+    """A token that may read but not create RBAC objects: the module names the verb, resource and scope."""
+    ns = f"t-{secrets.token_hex(3)}"
+    token = _sa_token(stack, ns, "deployer")
+    rbac = stack.control_plane.api_client()
+    from kubernetes import client as k8s
+
+    rbac_api = k8s.RbacAuthorizationV1Api(rbac)
+    role = {
+        "metadata": {"name": ns},
+        "rules": [
+            {
+                "apiGroups": ["", "apps", "rbac.authorization.k8s.io"],
+                "verbs": ["get", "list"],
+                "resources": [
+                    "namespaces",
+                    "serviceaccounts",
+                    "configmaps",
+                    "daemonsets",
+                    "clusterroles",
+                    "clusterrolebindings",
+                ],
+            },
+            {"apiGroups": [""], "verbs": ["create"], "resources": ["namespaces", "serviceaccounts"]},
+        ],
+    }
+    rbac_api.create_cluster_role(role)  # type: ignore[arg-type]
+    binding: dict[str, Any] = {
+        "metadata": {"name": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ns},
+        "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": ns}],
+    }
+    rbac_api.create_cluster_role_binding(binding)  # type: ignore[arg-type]
+    cp = stack.control_plane
+    task = {
+        "gpufleet.nvidia.gpu_device_plugin": {
+            "host": cp.url,
+            "api_key": token,
+            "ca_cert": str(cp.ca_file),
+            "namespace": ns,
+            "name": "dp-" + ns,
+            "wait": False,
+        }
+    }
+    run = run_tasks([task], tmp_path, args=["-vvv"], json_output=False)
+    assert run.rc == 2, run.output
+    assert "forbidden: create clusterroles.rbac.authorization.k8s.io at cluster scope" in run.output
+    assert "cannot create resource" in run.output
+    assert token not in run.output
+    structured = run_tasks([task], tmp_path)
+    result = structured.task()
+    assert result["failed"] and result["msg"].startswith(
+        "forbidden: create clusterroles.rbac.authorization.k8s.io"
+    )
+    # what was done before the failure is reported: the first run created the account, the namespace was there
+    assert [(o["kind"], o["action"]) for o in result["objects"]] == [
+        ("Namespace", "unchanged"),
+        ("ServiceAccount", "unchanged"),
+    ]
+    assert token not in structured.output
+
+
+def test_unreachable_api_server_is_named(stack: LabStack, tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    token = secrets.token_hex(16)
+    task = {
+        "gpufleet.nvidia.gpu_scheduler_extender": {
+            "host": f"https://127.0.0.1:{port}",
+            "api_key": token,
+            "validate_certs": False,
+            "wait": False,
+            "request_timeout": 5,
+        }
+    }
+    run = run_tasks([task], tmp_path)
+    result = run.task()
+    assert result["failed"]
+    assert result["msg"].startswith(f"cannot reach the API server at https://127.0.0.1:{port}:"), result[
+        "msg"
+    ]
+    assert "refused" in result["msg"].lower()
+    assert token not in run.output
+
+
+def test_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.kubeconfig"
+    run = run_tasks(
+        [{"gpufleet.nvidia.gpu_device_plugin": {"kubeconfig": str(missing), "wait": False}}], tmp_path
+    )
+    result = run.task()
+    assert result["failed"] and result["msg"] == f"no kubeconfig: {missing} does not exist"
+
+
+def test_default_kubeconfig_missing_says_where_it_looked(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    run = run_tasks(
+        [{"gpufleet.nvidia.gpu_scheduler_extender": {"wait": False}}], tmp_path, env={"HOME": str(home)}
+    )
+    result = run.task()
+    assert result["failed"]
+    assert result["msg"].startswith("no kubeconfig: ~/.kube/config does not exist; set the kubeconfig option")
+
+
+def test_wrong_token_is_unauthorized(stack: LabStack, tmp_path: Path) -> None:
+    cp = stack.control_plane
+    token = secrets.token_hex(16)
+    task = {
+        "gpufleet.nvidia.gpu_device_plugin": {
+            "host": cp.url,
+            "api_key": token,
+            "ca_cert": str(cp.ca_file),
+            "wait": False,
+        }
+    }
+    run = run_tasks([task], tmp_path)
+    result = run.task()
+    assert result["failed"] and result["msg"].startswith(f"unauthorized: the API server at {cp.url} rejected")
+    assert token not in run.output

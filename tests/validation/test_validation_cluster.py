@@ -1,0 +1,142 @@
+"""The cluster and workload suites against the lab: real kube-apiserver, kube-scheduler with the extender,
+kubelets with simulated GPUs, everything deployed by gpufleet's modules through ansible-playbook.
+
+gpu-a (dgx-a100, whole GPUs) and gpu-b (pcie-2x-t4, GPU-memory sharing): the suites pass; then the
+whole-GPU plugin is removed and the cluster suite fails naming gpu-a.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labstack import SIM_DIR, LabStack, run_tasks, timed, wait_until
+from validation_run import validate
+
+pytestmark = pytest.mark.cluster
+
+DP = "gpufleet.nvidia.gpu_device_plugin"
+EXT = "gpufleet.nvidia.gpu_scheduler_extender"
+
+
+def _plugin_args(
+    stack: LabStack, name: str, selector: dict[str, str], expected: dict[str, int], config: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "kubeconfig": str(stack.control_plane.kubeconfig()),
+        "name": name,
+        "namespace": "gpufleet-system",
+        "image": stack.image.name,
+        "image_pull_policy": "Never",
+        "host_network": True,
+        "env": stack.pod_env(),
+        "host_root": f"{SIM_DIR}/host",
+        "extra_volumes": stack.sim_volumes(),
+        "node_selector": selector,
+        "expected_gpus": expected,
+        "plugin_config": {"http": {"port": 0}, **config},
+        "wait_timeout": 180,
+    }
+
+
+@pytest.fixture(scope="module")
+def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both plugins, the extender and the scheduler configured for it, through the modules."""
+    tmp = tmp_path_factory.mktemp("deploy")
+    nodes = stack.nodes()
+    stack.expose_probe_port(8800)
+    whole = _plugin_args(stack, "gpufleet-device-plugin", {"gpufleet.io/lab-gpus": "whole"}, {"gpu-a": 8}, {})
+    memory = _plugin_args(
+        stack,
+        "gpufleet-device-plugin-mem",
+        {"gpufleet.io/gpu-sharing": "memory"},
+        {"gpu-b": 2},
+        {"sharing": {"mode": "memory"}},
+    )
+    config_file = tmp / "scheduler-config.yaml"
+    extender = {
+        "kubeconfig": str(stack.control_plane.kubeconfig()),
+        "image": stack.image.name,
+        "image_pull_policy": "Never",
+        "replicas": 1,
+        "host_network": True,
+        "service_type": "ClusterIP",
+        "env": {k: v for k, v in stack.pod_env().items() if k.startswith("KUBERNETES_")},
+        "node_selector": {"kubernetes.io/hostname": "gpu-a"},
+        "settings": {"lock_ttl": 30},
+        "scheduler_config_version": "v1beta1",
+        "scheduler_config_file": str(config_file),
+        "scheduler_config": {"url": f"http://{nodes['gpu-a'].node.peer_ip}:8800/gpufleet"},
+        "wait_timeout": 120,
+    }
+    with timed(stack.timings, "deploy both plugins + extender (3 module tasks)"):
+        run = run_tasks([{DP: whole}, {DP: memory}, {EXT: extender}], tmp)
+    for result in run.results:
+        assert not result.get("failed"), result.get("msg")
+    stack.scheduler(str(config_file))  # the lab's kube-scheduler, now calling the extender
+    return {"whole": whole, "memory": memory, "tmp": tmp}
+
+
+def _expectations(stack: LabStack) -> dict[str, Any]:
+    return {
+        "hosts": {
+            "gpu-a": {"gpu_count": 8, "gpu_model": "A100", "nvlink": True},
+            "gpu-b": {"gpu_count": 2, "gpu_model": "T4", "sharing": "memory"},
+        },
+        "cluster": {
+            "kubeconfig": str(stack.control_plane.kubeconfig()),
+            "namespace": f"validate-{secrets.token_hex(3)}",
+            "workload": {
+                "image": stack.image.name,
+                "image_pull_policy": "Never",
+                "timeout": 90,
+                "gpu_mem_gib": 4,
+                "env": {k: v for k, v in stack.pod_env().items() if not k.startswith("KUBERNETES_")},
+                "volumes": stack.sim_volumes(),
+            },
+        },
+    }
+
+
+def test_cluster_and_workload_suites_pass_on_the_lab(
+    stack: LabStack, deployed: dict[str, Any], tmp_path: Path
+) -> None:
+    with timed(stack.timings, "validation: cluster + workload suites"):
+        run = validate(_expectations(stack), tmp_path, "cluster,workload")
+    assert run.rc == 0, run.proc.stdout[-4000:] + run.proc.stderr[-2000:]
+    outcomes = run.outcomes()
+    assert outcomes[("gpu-a", "gpu_allocatable")] == "passed"
+    assert outcomes[("gpu-b", "gpu_capacity")] == "passed"
+    assert outcomes[("gpu-a", "one_gpu_pod_sees_exactly_one_gpu")] == "passed"
+    assert outcomes[("gpu-a", "two_gpu_pod_gets_an_nvlink_pair")] == "passed"
+    assert outcomes[("(cluster)", "gpu_memory_pod_lands_where_the_extender_put_it")] == "passed"
+    assert run.report["hosts"]["gpu-a"] == {"cluster": "PASS 4/4", "workload": "PASS 2/2"}
+    assert run.report["hosts"]["gpu-b"] == {"cluster": "PASS 4/4", "workload": "SKIP"}
+
+
+def test_plugin_killed_fails_the_cluster_suite_naming_the_node(
+    stack: LabStack, deployed: dict[str, Any], tmp_path: Path
+) -> None:
+    core = stack.control_plane.core_v1()
+    removed = run_tasks([{DP: {**deployed["whole"], "state": "absent", "wait_timeout": 60}}], tmp_path).task()
+    assert not removed.get("failed"), removed.get("msg")
+    # the shared namespace stays: the GPU-memory plugin and the extender still live there
+    namespace = next(o for o in removed["objects"] if o["kind"] == "Namespace")
+    assert namespace["action"] == "skipped" and "DaemonSet gpufleet-device-plugin-mem" in namespace["note"]
+
+    def allocatable() -> bool:
+        node = core.api_client.sanitize_for_serialization(core.read_node("gpu-a"))
+        return node["status"]["allocatable"].get("nvidia.com/gpu") == "0"
+
+    wait_until("gpu-a's allocatable GPUs to drop to 0", allocatable, 30)
+    run = validate(_expectations(stack), tmp_path, "cluster")
+    assert run.rc == 1
+    failed = {key for key, outcome in run.outcomes().items() if outcome == "failed"}
+    assert failed == {("gpu-a", "gpu_allocatable")}, run.table
+    assert run.message("gpu-a", "gpu_allocatable") == (
+        "gpu-a: node gpu-a has allocatable nvidia.com/gpu=0, expected 8 (capacity 8): "
+        "the device plugin is not running or not registered on it"
+    )
+    assert "gpu-a cluster/gpu_allocatable: FAILED" in run.table

@@ -1,0 +1,197 @@
+"""The Kubernetes side of validation: nodes as the API reports them, and short-lived GPU pods.
+
+A GPU pod runs ``nvidia-smi -L``, lists its ``/dev/nvidia<N>`` device nodes and, when asked,
+``nvidia-smi topo -m``; the checks read its log. Pod settings come from the expectations' ``cluster``
+section: ``namespace`` (created if missing), ``workload.image`` (it needs ``sh``; ``nvidia-smi`` is
+injected by the NVIDIA container runtime, or part of the image), ``workload.image_pull_policy``,
+``workload.env``, ``workload.volumes`` (hostPath), ``workload.runtime_class_name``, ``workload.timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+
+SCRIPT = (
+    'echo "== gpus"; {smi} -L; echo "== rc $?"; echo "== devices"; ls /dev | grep -E "^nvidia[0-9]+$"; '
+    'echo "== topo"; if [ "{topo}" = 1 ]; then {smi} topo -m; fi; echo "== end"'
+)
+GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)")
+
+
+@dataclass
+class PodRun:
+    """What a GPU pod saw."""
+
+    name: str
+    node: str | None
+    phase: str
+    pod: dict[str, Any]
+    log: str
+    problem: str = ""
+    gpus: list[tuple[int, str, str]] = field(default_factory=list)  # (index, model, uuid)
+    devices: list[str] = field(default_factory=list)
+    topology: dict[str, dict[str, str]] = field(default_factory=dict)  # "GPU0" -> {"GPU1": "NV12", ...}
+
+    def parse(self) -> PodRun:
+        section = ""
+        header: list[str] = []
+        for line in self.log.splitlines():
+            if line.startswith("== "):
+                section = line[3:].split()[0]
+                continue
+            if section == "gpus" and (match := GPU_LINE.match(line.strip())):
+                self.gpus.append((int(match.group(1)), match.group(2), match.group(3)))
+            elif section == "devices" and line.strip():
+                self.devices.append(line.strip())
+            elif section == "topo" and line.strip():
+                cells = [c.strip() for c in line.split("\t")]
+                if not cells[0] and not header:
+                    header = [c for c in cells[1:] if c.startswith("GPU")]
+                elif cells[0].startswith("GPU") and header:
+                    self.topology[cells[0]] = dict(zip(header, cells[1 : 1 + len(header)], strict=False))
+        return self
+
+
+class Cluster:
+    """A Kubernetes API client for the checks, plus pod runs in the validation namespace."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.workload: dict[str, Any] = dict(settings.get("workload") or {})
+        self.namespace = str(settings.get("namespace", "gpufleet-validation"))
+        self.resource = str(settings.get("resource", "nvidia.com/gpu"))
+        self.memory_resource = str(settings.get("memory_resource", "gpufleet.io/gpu-mem"))
+        self.label_prefix = str(settings.get("label_prefix", "gpufleet.io"))
+        self.api = k8s_config.new_client_from_config(
+            config_file=settings.get("kubeconfig"), context=settings.get("context"), persist_config=False
+        )
+        self.core = k8s.CoreV1Api(self.api)
+        self._namespace_ready = False
+        self._pods: list[str] = []
+
+    def plain(self, obj: Any) -> Any:
+        """A client model as the API's JSON (camelCase)."""
+        return self.api.sanitize_for_serialization(obj)
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.plain(self.core.read_node(name))  # type: ignore[no-any-return]
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _ensure_namespace(self) -> None:
+        if self._namespace_ready:
+            return
+        try:
+            self.core.read_namespace(self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.core.create_namespace({"metadata": {"name": self.namespace}})  # type: ignore[arg-type]
+        self._namespace_ready = True
+
+    def run_gpu_pod(
+        self,
+        purpose: str,
+        limits: dict[str, str],
+        *,
+        node: str | None = None,
+        annotations: dict[str, str] | None = None,
+        topology: bool = False,
+    ) -> PodRun:
+        """Run a GPU pod to completion (or timeout) and return what it saw."""
+        self._ensure_namespace()
+        name = f"gpufleet-validate-{purpose}-{secrets.token_hex(3)}"[:63]
+        smi = str(self.workload.get("nvidia_smi", "nvidia-smi"))
+        container: dict[str, Any] = {
+            "name": "check",
+            "image": self.workload.get("image", "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"),
+            "imagePullPolicy": self.workload.get("image_pull_policy", "IfNotPresent"),
+            "command": ["/bin/sh", "-c", SCRIPT.format(smi=smi, topo=int(topology))],
+            "resources": {"limits": limits},
+            "env": [{"name": str(k), "value": str(v)} for k, v in (self.workload.get("env") or {}).items()],
+        }
+        volumes = self.workload.get("volumes") or []
+        if volumes:
+            container["volumeMounts"] = [
+                {"name": v["name"], "mountPath": v.get("mount_path") or v["host_path"], "readOnly": True}
+                for v in volumes
+            ]
+        spec: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "containers": [container],
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "volumes": [{"name": v["name"], "hostPath": {"path": v["host_path"]}} for v in volumes],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+        if node:
+            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        if self.workload.get("runtime_class_name"):
+            spec["runtimeClassName"] = self.workload["runtime_class_name"]
+        body = {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
+        self.core.create_namespaced_pod(self.namespace, body)  # type: ignore[arg-type]
+        self._pods.append(name)
+        return self._wait(name, float(self.workload.get("timeout", 120)))
+
+    def _wait(self, name: str, timeout: float) -> PodRun:
+        deadline = time.monotonic() + timeout
+        pod: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            pod = self.plain(self.core.read_namespaced_pod(name, self.namespace))
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        status = pod.get("status") or {}
+        phase = status.get("phase", "Pending")
+        node = (pod.get("spec") or {}).get("nodeName")
+        log = ""
+        if node and phase in ("Succeeded", "Failed", "Running"):
+            try:
+                log = self.core.read_namespaced_pod_log(name, self.namespace)
+            except ApiException:
+                log = ""
+        problem = "" if phase == "Succeeded" else self._why(pod, timeout)
+        return PodRun(name, node, phase, pod, log, problem).parse()
+
+    def _why(self, pod: dict[str, Any], timeout: float) -> str:
+        """Why a pod did not succeed: its status, unschedulable reason, admission error, last events."""
+        status = pod.get("status") or {}
+        parts = [f"phase {status.get('phase', 'Pending')} after {timeout:.0f}s"]
+        if status.get("reason") or status.get("message"):
+            parts.append(f"{status.get('reason', '')}: {status.get('message', '')}".strip(": "))
+        for cond in status.get("conditions") or []:
+            if cond.get("status") == "False" and cond.get("message"):
+                parts.append(f"{cond.get('type')}: {cond['message']}")
+        for cs in status.get("containerStatuses") or []:
+            state = cs.get("state") or {}
+            for key in ("waiting", "terminated"):
+                if key in state and (state[key] or {}).get("reason"):
+                    parts.append(
+                        f"container {key}: {state[key].get('reason')} {state[key].get('message') or ''}"
+                    )
+        name = (pod.get("metadata") or {}).get("name", "")
+        events = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        for event in events[-3:]:
+            if event.type == "Warning":
+                parts.append(f"event {event.reason}: {event.message}")
+        return "; ".join(p.strip() for p in parts if p.strip())
+
+    def close(self) -> None:
+        for name in self._pods:
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        self.api.close()

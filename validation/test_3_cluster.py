@@ -1,0 +1,105 @@
+"""Cluster suite: each GPU host's Kubernetes node advertises its GPUs.
+
+Per host with a ``node_name`` (default: the host's name): the node exists and is Ready; capacity and
+allocatable of the GPU resource equal the GPU count (``nvidia.com/gpu``; with ``sharing: memory`` the
+node advertises ``gpufleet.io/gpu-mem`` instead, checked for being present and whole); the device plugin's
+GPU labels and the ``gpufleet.io/gpus`` annotation are there and agree with the count and model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hostcheck import Target
+from podcheck import Cluster
+
+SUITE = "cluster"
+
+
+def _node(target: Target, cluster: Cluster) -> dict[str, Any]:
+    name = str(target.want("node_name") or target.name)
+    node = cluster.node(name)
+    assert node is not None, f"{target.name}: Kubernetes has no node {name}"
+    return node
+
+
+def _resource(target: Target, cluster: Cluster) -> str:
+    return cluster.memory_resource if target.want("sharing") == "memory" else cluster.resource
+
+
+def _count(node: dict[str, Any], section: str, resource: str) -> int | None:
+    value = (node.get("status", {}).get(section) or {}).get(resource)
+    return None if value is None else int(value)
+
+
+def test_node_ready(target: Target, cluster: Cluster) -> None:
+    node = _node(target, cluster)
+    ready = [c for c in node["status"].get("conditions", []) if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True", (
+        f"{target.name}: node {node['metadata']['name']} is not Ready: "
+        f"{ready[0].get('reason', '') + ' ' + ready[0].get('message', '') if ready else 'no Ready condition'}"
+    )
+
+
+def test_gpu_capacity(target: Target, cluster: Cluster) -> None:
+    node, resource = _node(target, cluster), _resource(target, cluster)
+    name, capacity = node["metadata"]["name"], _count(node, "capacity", resource)
+    assert capacity is not None, (
+        f"{target.name}: node {name} has no {resource} in its capacity: "
+        "the device plugin never registered there"
+    )
+    want = target.want("gpu_count")
+    if resource == cluster.resource and want is not None:
+        assert capacity == int(want), (
+            f"{target.name}: node {name} has capacity {resource}={capacity}, expected {want}"
+        )
+    else:
+        assert capacity > 0, f"{target.name}: node {name} has capacity {resource}=0"
+
+
+def test_gpu_allocatable(target: Target, cluster: Cluster) -> None:
+    node, resource = _node(target, cluster), _resource(target, cluster)
+    name = node["metadata"]["name"]
+    capacity, allocatable = _count(node, "capacity", resource), _count(node, "allocatable", resource)
+    want = target.want("gpu_count") if resource == cluster.resource else capacity
+    assert allocatable is not None and capacity, f"{target.name}: node {name} advertises no {resource}"
+    assert allocatable == int(want if want is not None else capacity), (
+        f"{target.name}: node {name} has allocatable {resource}={allocatable}, expected {want} "
+        f"(capacity {capacity}): "
+        + (
+            "the device plugin is not running or not registered on it"
+            if allocatable == 0
+            else f"{int(want or capacity) - allocatable} device(s) unhealthy"
+        )
+    )
+
+
+def test_gpu_labels(target: Target, cluster: Cluster) -> None:
+    node = _node(target, cluster)
+    name, prefix = node["metadata"]["name"], cluster.label_prefix
+    labels = node["metadata"].get("labels") or {}
+    annotations = node["metadata"].get("annotations") or {}
+    missing = [
+        k
+        for k in (f"{prefix}/gpu.present", f"{prefix}/gpu.count", f"{prefix}/gpu.product")
+        if k not in labels
+    ]
+    assert not missing, f"{target.name}: node {name} lacks the GPU labels {', '.join(missing)}"
+    want = target.want("gpu_count")
+    if want is not None:
+        assert labels[f"{prefix}/gpu.count"] == str(want), (
+            f"{target.name}: node {name} is labelled {prefix}/gpu.count={labels[f'{prefix}/gpu.count']}, "
+            f"expected {want}"
+        )
+    try:
+        gpus = json.loads(annotations.get(f"{prefix}/gpus", ""))
+    except ValueError:
+        pytest.fail(f"{target.name}: node {name} has no parseable {prefix}/gpus annotation")
+    assert want is None or len(gpus) == int(want), (
+        f"{target.name}: node {name}'s {prefix}/gpus annotation lists {len(gpus)} GPUs, expected {want}"
+    )
+    model = target.want("gpu_model")
+    wrong = [g.get("model") for g in gpus if model and str(model) not in str(g.get("model"))]
+    assert not wrong, f"{target.name}: node {name}'s GPUs are {sorted(set(wrong))}, expected {model}"

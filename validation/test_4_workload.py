@@ -1,0 +1,84 @@
+"""Workload suite: GPU pods get exactly their GPUs.
+
+- On every whole-GPU host: a pod with ``nvidia.com/gpu: 1`` lists exactly one GPU with nvidia-smi and has
+  exactly one ``/dev/nvidia<N>`` (isolation, as in the T4 example of the seeds).
+- On hosts expected to have NVLink (``nvlink: true``): a pod with 2 GPUs gets two GPUs joined by NVLink.
+- When some host shares GPU memory (``sharing: memory``): a pod asking for ``gpufleet.io/gpu-mem`` lands on
+  the node the scheduler extender recorded in its ``gpufleet.io/assignment`` and sees that GPU, only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hostcheck import Target
+from podcheck import Cluster, PodRun
+
+SUITE = "workload"
+
+
+def _node_name(target: Target) -> str:
+    return str(target.want("node_name") or target.name)
+
+
+def _ran(target_name: str, run: PodRun, what: str) -> None:
+    assert run.phase == "Succeeded", f"{target_name}: {what} pod {run.name} did not run: {run.problem}"
+    assert "== rc 0" in run.log, (
+        f"{target_name}: nvidia-smi -L failed in {what} pod {run.name}: {run.log[-300:]}"
+    )
+
+
+def test_one_gpu_pod_sees_exactly_one_gpu(target: Target, cluster: Cluster) -> None:
+    if target.want("sharing") == "memory":
+        pytest.skip("GPU-memory sharing node: whole GPUs are not advertised here")
+    run = cluster.run_gpu_pod("one", {cluster.resource: "1"}, node=_node_name(target))
+    _ran(target.name, run, f"a {cluster.resource}: 1")
+    assert len(run.gpus) == 1, (
+        f"{target.name}: a pod with {cluster.resource}: 1 on node {run.node} sees {len(run.gpus)} GPUs "
+        f"({', '.join(u for _, _, u in run.gpus) or 'none'}), expected exactly one"
+    )
+    assert len(run.devices) == 1, (
+        f"{target.name}: a pod with {cluster.resource}: 1 has device nodes {run.devices or 'none'}, "
+        "expected one /dev/nvidia<N>"
+    )
+
+
+def test_two_gpu_pod_gets_an_nvlink_pair(target: Target, cluster: Cluster) -> None:
+    if not target.want("nvlink"):
+        pytest.skip("no NVLink expected on this host")
+    run = cluster.run_gpu_pod("pair", {cluster.resource: "2"}, node=_node_name(target), topology=True)
+    _ran(target.name, run, f"a {cluster.resource}: 2")
+    assert len(run.gpus) == 2, f"{target.name}: a pod with 2 GPUs sees {len(run.gpus)}"
+    (a, _, uuid_a), (b, _, uuid_b) = run.gpus
+    link = run.topology.get(f"GPU{a}", {}).get(f"GPU{b}", "")
+    assert link.startswith("NV"), (
+        f"{target.name}: the 2-GPU pod got GPU {a} ({uuid_a}) and GPU {b} ({uuid_b}), joined by "
+        f"{link or 'an unknown path'}, not NVLink"
+    )
+
+
+def _memory_hosts(expectations: dict[str, Any]) -> list[str]:
+    return [n for n, exp in expectations["hosts"].items() if exp.get("sharing") == "memory"]
+
+
+def test_gpu_memory_pod_lands_where_the_extender_put_it(
+    cluster: Cluster, expectations: dict[str, Any]
+) -> None:
+    if not _memory_hosts(expectations):
+        pytest.skip("no host shares GPU memory")
+    gib = str(cluster.workload.get("gpu_mem_gib", 1))
+    run = cluster.run_gpu_pod("mem", {cluster.memory_resource: gib})
+    _ran("(cluster)", run, f"a {cluster.memory_resource}: {gib}")
+    text = (run.pod["metadata"].get("annotations") or {}).get("gpufleet.io/assignment")
+    assert text, f"pod {run.name} on {run.node} has no gpufleet.io/assignment: the extender did not bind it"
+    assignment = json.loads(text)
+    assert assignment["node"] == run.node, (
+        f"pod {run.name}: the extender assigned node {assignment['node']}, the pod runs on {run.node}"
+    )
+    assigned = sorted(g for c in assignment["containers"] for g in c["gpus"])
+    seen = sorted(u for _, _, u in run.gpus)
+    assert seen == assigned, (
+        f"pod {run.name} on {run.node} sees GPUs {seen}, the extender assigned {assigned}"
+    )
