@@ -1,7 +1,6 @@
 """Fixtures for the ESXi passthrough tests: the collection on sys.path, and a stand-in vSphere.
 
-The stand-in needs pyVmomi; it is imported lazily so that, without pyVmomi, each test module can skip
-itself with a visible reason instead of breaking collection.
+The stand-in is built on pyVmomi's own data objects (pyvmomi is a project dependency).
 """
 
 from __future__ import annotations
