@@ -33,7 +33,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import py_compile
 import re
 import shutil
@@ -51,6 +50,7 @@ from typing import TYPE_CHECKING
 import gpufleet
 from gpufleet.lab.k8s_build import cache_root
 from gpufleet.lab.process import LabError, file_lock
+from gpufleet.testhosts.images import apt_mirror
 
 if TYPE_CHECKING:
     from gpufleet.lab.node import KubeletNode
@@ -65,7 +65,6 @@ BASE_PACKAGES = ("python3",)
 # What the in-cluster programs import at run time (not ansible, not testinfra): their closure is copied.
 RUNTIME_REQUIREMENTS = ("grpcio", "protobuf", "nvidia-ml-py", "PyYAML", "kubernetes")
 SITE_DIR = "/opt/gpufleet/site-packages"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Trimmed from the base: documentation, locales and apt's state are dead weight in an image.
 _TRIM = (
     "usr/share/doc",
@@ -94,19 +93,6 @@ esac
 def cache_dir() -> Path:
     """Where lab images are cached: ``lab-images/`` in the lab's cache (``$GPUFLEET_CACHE``)."""
     return cache_root() / "lab-images"
-
-
-def apt_mirror(sources_dir: Path = Path("/etc/apt/sources.list.d")) -> str:
-    """The Debian mirror apt uses here (first http URI of a deb822 source ending in /debian), or Debian's."""
-    override = os.environ.get("GPUFLEET_DEBIAN_MIRROR")
-    if override:
-        return override.rstrip("/")
-    for path in sorted(sources_dir.glob("*.sources")):
-        for match in re.finditer(r"^URIs:\s*(\S+)", path.read_text(), re.MULTILINE):
-            uri = match.group(1).rstrip("/")
-            if uri.startswith("http://") and uri.endswith("/debian"):
-                return uri
-    return DEFAULT_MIRROR
 
 
 def _digest(doc: object) -> str:
