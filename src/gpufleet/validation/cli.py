@@ -1,8 +1,9 @@
-"""``python -m gpufleet.validation`` (and ``gpufleet validate`` once registered): run the testinfra suites
+"""``python -m gpufleet.validation`` (and ``gpufleet validate-suites``): run the testinfra suites
 of ``validation/`` against an expectations file; write ``report.json``, ``junit.xml`` and ``report.txt``
 (the per-host table, also printed). Exit 0 pass, 1 a check failed, 2 the validation could not run.
 
-``register(subparsers)`` adds the ``validate`` command to the top-level CLI; :func:`run_validation` is the
+``register(subparsers)`` adds the ``validate-suites`` command to the top-level CLI (``gpufleet validate`` runs
+playbooks/validate.yml, which calls this module; see gpufleet.runner.cli); :func:`run_validation` is the
 function behind both.
 """
 
@@ -187,10 +188,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``validate`` to the top-level ``gpufleet`` CLI."""
+    """Add ``validate-suites`` to the top-level ``gpufleet`` CLI."""
     parser = subparsers.add_parser(
-        "validate",
-        help="validate GPU hosts and Kubernetes GPU nodes",
+        "validate-suites",
+        help="run the validation suites directly on an expectations file",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
