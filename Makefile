@@ -9,20 +9,19 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 bootstrap:
 	@scripts/bootstrap
 
-## The main job on the embedded default: the simulated lab fleet.
-SIM_FIXTURES := dgx-a100 hgx-h100 pcie-2x-t4 esxi-vm-2x-v100 node-40-gpus
+## The main job on the embedded default: the simulated lab fleet (docs/lab.md). `gpufleet lab up` brings up
+## three podman GPU hosts with simulated GPUs, a Kubernetes control plane and a kubelet per host, and writes
+## inventory/lab/hosts.yml (ansible.cfg's default inventory); site.yml converges them and ends with the
+## validation report. `gpufleet lab down` removes it all.
 lab: bootstrap
-	@for f in $(SIM_FIXTURES); do $(VENV)/gpufleet sim materialize $$f .lab/sim/$$f >/dev/null || exit 1; done
-	@# The simulated machines run on this one (connection local): they report facts, and the
-	@# provisioning stages target a group they are not in, so nothing is installed here.
-	$(VENV)/ansible-playbook -i inventory/sim -e gpufleet_target=gpu_nodes site.yml
-	@# Then the host validation suite over the simulated fleet, with its report.
-	$(VENV)/ansible-playbook -i inventory/sim -e gpufleet_validation_suites=host playbooks/validate.yml
+	$(VENV)/gpufleet lab up
+	$(VENV)/ansible-playbook site.yml
 
 ## Everything CI runs: linters, then the whole test suite.
+## pytest -n 3: three pytest-xdist workers (docs/testing.md): the lab tests, the molecule scenarios, the rest.
 test: bootstrap lint
 	$(VENV)/gpufleet lab build
-	$(VENV)/pytest
+	$(VENV)/pytest -n 3
 
 lint:
 	$(VENV)/ruff check src tests plugins bench validation
@@ -30,4 +29,4 @@ lint:
 	scripts/sanity
 
 unit:
-	$(VENV)/pytest -m "not cluster and not root"
+	$(VENV)/pytest -n 2 -m "not cluster and not root"

@@ -4,7 +4,10 @@ A GPU pod runs ``nvidia-smi -L``, lists its ``/dev/nvidia<N>`` device nodes and,
 ``nvidia-smi topo -m``; the checks read its log. Pod settings come from the expectations' ``cluster``
 section: ``namespace`` (created if missing), ``workload.image`` (it needs ``sh``; ``nvidia-smi`` is
 injected by the NVIDIA container runtime, or part of the image), ``workload.image_pull_policy``,
-``workload.env``, ``workload.volumes`` (hostPath), ``workload.runtime_class_name``, ``workload.timeout``.
+``workload.env``, ``workload.volumes`` (hostPath), ``workload.runtime_class_name``, ``workload.timeout``,
+``workload.output``: ``log`` (default: the pod's log, which the API server fetches from the kubelet) or
+``termination_message`` (the pod writes what it saw to ``/dev/termination-log`` and the kubelet reports it
+in the pod's status: for clusters where the API server cannot reach kubelets, such as the lab's).
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ class Cluster:
             config_file=settings.get("kubeconfig"), context=settings.get("context"), persist_config=False
         )
         self.core = k8s.CoreV1Api(self.api)
+        self._output = str(self.workload.get("output", "log"))
+        if self._output not in ("log", "termination_message"):
+            raise ValueError(f"cluster.workload.output is {self._output!r}: use log or termination_message")
         self._namespace_ready = False
         self._pods: list[str] = []
 
@@ -114,11 +120,14 @@ class Cluster:
         self._ensure_namespace()
         name = f"gpufleet-validate-{purpose}-{secrets.token_hex(3)}"[:63]
         smi = str(self.workload.get("nvidia_smi", "nvidia-smi"))
+        script = SCRIPT.format(smi=smi, topo=int(topology))
+        if self._output == "termination_message":
+            script = f"( {script} ) >/dev/termination-log 2>&1; cat /dev/termination-log"
         container: dict[str, Any] = {
             "name": "check",
             "image": self.workload.get("image", "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"),
             "imagePullPolicy": self.workload.get("image_pull_policy", "IfNotPresent"),
-            "command": ["/bin/sh", "-c", SCRIPT.format(smi=smi, topo=int(topology))],
+            "command": ["/bin/sh", "-c", script],
             "resources": {"limits": limits},
             "env": [{"name": str(k), "value": str(v)} for k, v in (self.workload.get("env") or {}).items()],
         }
@@ -157,7 +166,10 @@ class Cluster:
         phase = status.get("phase", "Pending")
         node = (pod.get("spec") or {}).get("nodeName")
         log = ""
-        if node and phase in ("Succeeded", "Failed", "Running"):
+        if self._output == "termination_message":
+            for cs in status.get("containerStatuses") or []:
+                log = ((cs.get("state") or {}).get("terminated") or {}).get("message") or log
+        elif node and phase in ("Succeeded", "Failed", "Running"):
             try:
                 log = self.core.read_namespaced_pod_log(name, self.namespace)
             except ApiException:

@@ -1,4 +1,7 @@
-"""``gpufleet lab build|up|down|status``: the lab cluster from the command line.
+"""``gpufleet cluster build|up|down|status`` (also ``python -m gpufleet.lab``): the test cluster alone.
+
+This is the bare Kubernetes lab the tests use (control plane + kubelet nodes in namespaces); the simulated
+GPU fleet is ``gpufleet lab`` (:mod:`gpufleet.fleetlab`).
 
 ``up`` runs in the foreground until interrupted (Ctrl-C or ``gpufleet lab down``), then removes everything
 it started. The lab directory holds ``env`` (``export KUBECONFIG=...``) and the logs.
@@ -118,25 +121,30 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``lab`` and its sub-commands to the ``gpufleet`` parser."""
-    lab = subparsers.add_parser("lab", help="Kubernetes 1.20 lab cluster (root)", description=__doc__)
-    lab.add_argument("--base", help="where lab directories go (default $GPUFLEET_LAB_DIR or /tmp)")
-    sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+def build_options(parser: argparse.ArgumentParser) -> None:
+    """Where the Kubernetes build comes from (shared with ``gpufleet lab``)."""
+    parser.add_argument("--version", help="Debian source version of kubernetes (default: newest in apt)")
+    parser.add_argument("--cache", help="cache root (default $GPUFLEET_CACHE or /var/cache/gpufleet)")
+    parser.add_argument("--no-build", action="store_true", help="fail instead of building when not cached")
 
-    def build_options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--version", help="Debian source version of kubernetes (default: newest in apt)")
-        parser.add_argument("--cache", help="cache root (default $GPUFLEET_CACHE or /var/cache/gpufleet)")
-        parser.add_argument(
-            "--no-build", action="store_true", help="fail instead of building when not cached"
-        )
 
+def add_build_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build or find the Kubernetes binaries")
     build_options(build)
     build.add_argument("--prune", action="store_true", help="remove the source tree after building")
     build.add_argument("--nice", type=int, default=10, help="niceness of the compiler")
     build.add_argument("--check", action="store_true", help="only list missing build requirements")
     build.set_defaults(func=cmd_build)
+    return build
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "cluster") -> None:
+    """Add ``cluster`` and its sub-commands to the ``gpufleet`` parser."""
+    lab = subparsers.add_parser(name, help="bare Kubernetes 1.20 test cluster (root)", description=__doc__)
+    lab.add_argument("--base", help="where lab directories go (default $GPUFLEET_LAB_DIR or /tmp)")
+    sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+
+    add_build_command(sub)
 
     up = sub.add_parser("up", help="start a lab in the foreground")
     build_options(up)
@@ -155,9 +163,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gpufleet.lab ...`` (same as ``gpufleet lab ...``)."""
+    """``python -m gpufleet.lab ...`` (same as ``gpufleet cluster ...``)."""
     parser = argparse.ArgumentParser(prog="gpufleet")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["lab", *(sys.argv[1:] if argv is None else argv)])
+    args = parser.parse_args(["cluster", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return int(args.func(args))

@@ -65,7 +65,13 @@ class ControlPlane:
     """etcd + kube-apiserver (+ kube-controller-manager) on loopback, with token users and a lab CA."""
 
     def __init__(
-        self, lab: Lab, *, controller_manager: bool = True, apiserver_args: Sequence[str] = ()
+        self,
+        lab: Lab,
+        *,
+        controller_manager: bool = True,
+        apiserver_args: Sequence[str] = (),
+        serving_ips: Sequence[str] = (),
+        node_lifecycle: bool = False,
     ) -> None:
         self.lab = lab
         self.dir = lab.dir / "control-plane"
@@ -78,6 +84,12 @@ class ControlPlane:
         self.users: dict[str, Credentials] = {}
         self._apiserver_args = list(apiserver_args)
         self._with_cm = controller_manager
+        # Addresses besides 127.0.0.1 that clients dial (e.g. the gateway containers reach loopback through):
+        # the lab CA then signs the serving certificate and is what clients trust.
+        self._serving_ips = list(serving_ips)
+        # Off by default: it would taint and evict fake nodes, which never heartbeat. Real kubelets only need
+        # it (it lifts the not-ready taint they register with).
+        self._node_lifecycle = node_lifecycle
 
     # -- start / stop -------------------------------------------------------------------------------------
     def start(self) -> ControlPlane:
@@ -85,6 +97,15 @@ class ControlPlane:
         started = time.monotonic()
         self.sa_key, self.sa_pub = pki.service_account_keys(self.pki)
         self.ca = pki.certificate_authority(self.pki)
+        serving_args: list[str] = []
+        if self._serving_ips:
+            serving = pki.serving_certificate(
+                self.ca, self.pki, "apiserver", "kube-apiserver",
+                ["127.0.0.1", "10.0.0.1", *self._serving_ips],
+                ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "localhost"],
+            )
+            serving_args = [f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}"]
+            self.ca_file = self.ca.cert
         kubelet_client = pki.client_certificate(
             self.ca, self.pki, "apiserver-kubelet-client", "kube-apiserver"
         )
@@ -136,7 +157,7 @@ class ControlPlane:
              "--endpoint-reconciler-type=none",
              # else `logs`/`exec` look node names up in DNS
              "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
-             *self._apiserver_args],
+             *serving_args, *self._apiserver_args],
         )  # fmt: skip
         admin = self.users["admin"].token
         wait_for("kube-apiserver /readyz", lambda: http_ok(f"{self.url}/readyz", token=admin), 120,
@@ -162,8 +183,7 @@ class ControlPlane:
              # the default, /usr/libexec/kubernetes/kubelet-plugins/volume/exec, would be created on the host
              f"--flex-volume-plugin-dir={self.dir / 'flexvolume'}",
              "--use-service-account-credentials=true",
-             # nodelifecycle would taint and evict fake nodes, which never heartbeat
-             "--controllers=*,-nodelifecycle"],
+             "--controllers=*" if self._node_lifecycle else "--controllers=*,-nodelifecycle"],
         )  # fmt: skip
         wait_for("kube-controller-manager /healthz", lambda: http_ok(f"https://127.0.0.1:{self.cm_port}/healthz"),
                  60, alive=cm.check)  # fmt: skip
@@ -432,12 +452,20 @@ class Lab:
         self.close()
 
     def start_control_plane(
-        self, *, controller_manager: bool = True, apiserver_args: Sequence[str] = ()
+        self,
+        *,
+        controller_manager: bool = True,
+        apiserver_args: Sequence[str] = (),
+        serving_ips: Sequence[str] = (),
+        node_lifecycle: bool = False,
     ) -> ControlPlane:
         """etcd + kube-apiserver (+ controller-manager with ``nodelifecycle`` off), stopped on close."""
         if self.control_plane is not None:
             raise LabError("this lab already has a control plane")
-        cp = ControlPlane(self, controller_manager=controller_manager, apiserver_args=apiserver_args)
+        cp = ControlPlane(
+            self, controller_manager=controller_manager, apiserver_args=apiserver_args,
+            serving_ips=serving_ips, node_lifecycle=node_lifecycle,
+        )
         self._cleanup.callback(cp.stop)
         self.control_plane = cp.start()
         return cp

@@ -2,11 +2,14 @@
 
 The lab CA signs client certificates: one per kubelet node (``CN=system:node:<name>, O=system:nodes``,
 what the Node authorizer expects) and one the apiserver presents to kubelets. The apiserver's own
-serving certificate is the self-signed one it writes into ``--cert-dir``.
+serving certificate is the self-signed one it writes into ``--cert-dir``, unless the lab needs it to name
+more addresses (kubelets in containers dial it through a gateway): then the CA signs one
+(:func:`serving_certificate`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +62,27 @@ def client_certificate(ca: KeyPair, directory: Path, stem: str, common_name: str
     run(["openssl", "req", "-new", "-key", pair.key, "-subj", subject, "-out", csr])
     extensions = directory / f"{stem}.ext"
     extensions.write_text("keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+    run(["openssl", "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
+         "-days", _DAYS, "-extfile", extensions, "-out", pair.cert])  # fmt: skip
+    csr.unlink()
+    extensions.unlink()
+    return pair
+
+
+def serving_certificate(
+    ca: KeyPair, directory: Path, stem: str, common_name: str, ips: Sequence[str], names: Sequence[str] = ()
+) -> KeyPair:
+    """A TLS server certificate signed by ``ca`` for the given IP addresses and DNS names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pair = KeyPair(directory / f"{stem}.crt", directory / f"{stem}.key")
+    csr = directory / f"{stem}.csr"
+    _new_key(pair.key)
+    run(["openssl", "req", "-new", "-key", pair.key, "-subj", f"/CN={common_name}", "-out", csr])
+    alt = ",".join([*(f"IP:{ip}" for ip in ips), *(f"DNS:{name}" for name in names)])
+    extensions = directory / f"{stem}.ext"
+    extensions.write_text(
+        f"keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName={alt}\n"
+    )
     run(["openssl", "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
          "-days", _DAYS, "-extfile", extensions, "-out", pair.cert])  # fmt: skip
     csr.unlink()

@@ -23,15 +23,111 @@ _STANDIN = (
     "gpufleet test stand-in: built by gpufleet.testhosts for GPU-less test hosts; not NVIDIA's program."
 )
 
-_RUNTIME_SHIM = f"""#!/bin/sh
+# Like NVIDIA's runtime: on `create` of a container whose environment asks for GPUs
+# (NVIDIA_VISIBLE_DEVICES `all` or a list of indices/UUIDs), add the driver's userspace and device nodes to
+# the OCI spec, then hand the call to runc. The "driver" here is the GPU simulator's machine when the host
+# has one (GPUFLEET_SIM_ROOT, default /etc/gpufleet-sim): mounted read-only, NVML pointed at it, its
+# nvidia-smi at /usr/bin/nvidia-smi and /dev/nvidia* of the visible GPUs. Without a simulated machine (or
+# without GPUs asked for) only runc runs.
+_RUNTIME_SHIM = f"""#!/usr/bin/python3
 # {_STANDIN}
-# Like NVIDIA's runtime for a container that asks for no GPU: record the call, then hand the OCI call to runc.
-echo "$(date -u +%FT%TZ) nvidia-container-runtime $*" >> /var/log/nvidia-container-runtime.log 2>/dev/null
-for runc in runc /usr/sbin/runc /usr/bin/runc; do
-  if command -v "$runc" >/dev/null 2>&1; then exec "$runc" "$@"; fi
-done
-echo "nvidia-container-runtime: no runc found" >&2
-exit 1
+import json, os, shutil, sys, time
+
+SIM = os.environ.get("GPUFLEET_SIM_ROOT", "/etc/gpufleet-sim")
+LOG = "/var/log/nvidia-container-runtime.log"
+
+
+def log(msg):
+    try:
+        with open(LOG, "a") as fh:
+            fh.write(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + " " + msg + "\\n")
+    except OSError:
+        pass
+
+
+def bundle(args):
+    for i, arg in enumerate(args):
+        if arg.startswith("--bundle="):
+            return arg.split("=", 1)[1]
+        if arg in ("--bundle", "-b") and i + 1 < len(args):
+            return args[i + 1]
+    return "." if "create" in args else None
+
+
+def visible(env, gpus):
+    wanted = env.get("NVIDIA_VISIBLE_DEVICES")
+    if wanted in (None, "", "none", "void"):
+        return []
+    if wanted == "all":
+        return gpus
+    chosen = []
+    for item in wanted.split(","):
+        item = item.strip()
+        for index, gpu in enumerate(gpus):
+            if item in (str(index), gpu.get("uuid")):
+                chosen.append(gpu)
+    return chosen
+
+
+def device(path, major, minor):
+    node = {{"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 438, "uid": 0, "gid": 0}}
+    return node, {{"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"}}
+
+
+def inject(config_path):
+    with open(config_path) as fh:
+        spec = json.load(fh)
+    process = spec.setdefault("process", {{}})
+    env = dict(e.split("=", 1) for e in process.get("env", []) if "=" in e)
+    try:
+        with open(os.path.join(SIM, "machine.json")) as fh:
+            machine = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    gpus = visible(env, machine.get("gpus") or [])
+    if not gpus:
+        return False
+    spec.setdefault("mounts", []).extend([
+        {{"destination": SIM, "type": "bind", "source": SIM, "options": ["rbind", "ro", "nosuid"]}},
+        {{"destination": "/usr/bin/nvidia-smi", "type": "bind",
+         "source": os.path.join(SIM, "bin", "nvidia-smi"), "options": ["rbind", "ro"]}},
+    ])
+    process["env"] = [e for e in process.get("env", []) if not e.startswith(("GPUFLEET_SIM_ROOT=",
+                      "GPUFLEET_HOST_ROOT=", "LD_LIBRARY_PATH="))] + [
+        "GPUFLEET_SIM_ROOT=" + SIM, "GPUFLEET_HOST_ROOT=" + SIM + "/host", "LD_LIBRARY_PATH=" + SIM + "/lib"]
+    linux = spec.setdefault("linux", {{}})
+    devices = linux.setdefault("devices", [])
+    allowed = linux.setdefault("resources", {{}}).setdefault("devices", [])
+    nodes = [("/dev/nvidia%d" % g["minor"], 195, g["minor"]) for g in gpus]
+    nodes += [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 510, 0), ("/dev/nvidia-uvm-tools", 510, 1)]
+    for path, major, minor in nodes:
+        if os.path.exists(path) and not any(d.get("path") == path for d in devices):
+            dev, allow = device(path, major, minor)
+            devices.append(dev)
+            allowed.append(allow)
+    tmp = config_path + ".nvidia"
+    with open(tmp, "w") as fh:
+        json.dump(spec, fh)
+    os.replace(tmp, config_path)
+    log("injected %d GPU(s) from %s" % (len(gpus), SIM))
+    return True
+
+
+def main(args):
+    log("nvidia-container-runtime " + " ".join(args))
+    if "create" in args:
+        where = bundle(args)
+        if where and os.path.isfile(os.path.join(where, "config.json")):
+            inject(os.path.join(where, "config.json"))
+    for runc in ("runc", "/usr/sbin/runc", "/usr/bin/runc"):
+        path = shutil.which(runc)
+        if path:
+            os.execv(path, [path] + args)
+    sys.stderr.write("nvidia-container-runtime: no runc found\\n")
+    return 1
+
+
+sys.exit(main(sys.argv[1:]))
 """
 
 _CTK = """#!/bin/sh

@@ -1,0 +1,5 @@
+import sys
+
+from gpufleet.fleetlab.cli import main
+
+sys.exit(main())

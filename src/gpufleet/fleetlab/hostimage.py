@@ -1,0 +1,85 @@
+"""The lab's host image: a Debian 12 test host as a cluster installer leaves a node before gpufleet runs.
+
+gpufleet takes over nodes that already run a container runtime and a kubelet (kubeadm, kubespray ...). The
+image adds to the test-host image (debootstrap bookworm + systemd, :mod:`gpufleet.testhosts.images`) what
+such an installer puts there: Debian's docker.io (dockershim is the kubelet 1.20 runtime here), the tools
+the kubelet calls, and a ``/etc/docker/daemon.json`` with the installer's own settings, which the runtime
+role must keep when it adds the NVIDIA runtime. The kubelet itself is installed at ``lab up`` (its binary
+is the cached build of the version the lab runs).
+
+Cached by content: the image carries a label with the key of what it was built from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from gpufleet.testhosts.images import ImageSpec, build_image
+from gpufleet.testhosts.podman import podman
+
+REPOSITORY = "localhost/gpufleet-labhost"
+KEY_LABEL = "io.gpufleet.labhost.key"
+PACKAGES = (
+    "docker.io",
+    "iptables",
+    "conntrack",
+    "ebtables",
+    "socat",
+    "ethtool",
+    "iproute2",
+    "kmod",
+    "ca-certificates",
+)
+REVISION = 1
+# What the cluster installer configured for dockerd (kubeadm's documented settings for docker).
+INSTALLER_DAEMON_JSON = {
+    "exec-opts": ["native.cgroupdriver=cgroupfs"],
+    "log-driver": "json-file",
+    "log-opts": {"max-size": "100m"},
+    "storage-driver": "overlay2",
+}
+
+
+def _key(base_key: str) -> str:
+    doc = {"base": base_key, "packages": PACKAGES, "daemon": INSTALLER_DAEMON_JSON, "rev": REVISION}
+    blob = json.dumps(doc, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def ensure_host_image() -> str:
+    """Build (or reuse) the lab host image; return its name."""
+    base = ImageSpec("bookworm")
+    build_image(base)
+    key = _key(base.key())
+    name = f"{REPOSITORY}:{key}"
+    if image_key_of(name) == key:
+        return name
+    builder = f"gpufleet-labhost-build-{key}"
+    podman("rm", "-f", builder, check=False)
+    script = (
+        "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -q; "
+        f"apt-get install -y -q --no-install-recommends {' '.join(PACKAGES)}; "
+        "apt-get clean; rm -rf /var/lib/apt/lists/*; mkdir -p /etc/docker; "
+        f"printf '%s\\n' '{json.dumps(INSTALLER_DAEMON_JSON, indent=2)}' > /etc/docker/daemon.json"
+    )
+    try:
+        result = podman("run", "--name", builder, "--network=slirp4netns", base.name, "sh", "-c", script,
+                        check=False)  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"building {name} failed: {(result.stderr or result.stdout)[-2000:]}")
+        podman("commit", "--change", 'CMD ["/sbin/init"]', "--change", "STOPSIGNAL SIGRTMIN+3",
+               "--change", f"LABEL {KEY_LABEL}={key}", builder, name)  # fmt: skip
+    finally:
+        podman("rm", "-f", builder, check=False)
+    return name
+
+
+def image_key_of(name: str) -> str | None:
+    result = podman("image", "inspect", "--format", "{{json .Labels}}", name, check=False)
+    if result.returncode != 0:
+        return None
+    return (json.loads(result.stdout.strip() or "null") or {}).get(KEY_LABEL)
+
+
+__all__ = ["REPOSITORY", "ensure_host_image"]

@@ -1,0 +1,76 @@
+"""What a lab is made of: its hosts, names, where its state lives."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[3]
+SIM_DIR = "/etc/gpufleet-sim"  # inside every host: where the simulated driver's files are installed
+# slirp4netns maps the machine's loopback to this address inside a container (allow_host_loopback=true).
+GATEWAY = "10.0.2.2"
+EXTENDER_PORT = 8800  # the extender's port inside the host that runs it (host network)
+LABEL = "io.gpufleet.lab"  # podman label on everything a lab creates; its value is the lab name
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One GPU host of the lab: its name (hostname, inventory name, Kubernetes node) and simulator fixture."""
+
+    name: str
+    fixture: str
+    groups: tuple[str, ...] = ()
+    runs_extender: bool = False
+
+
+DEFAULT_HOSTS = (
+    HostSpec("dgx-a100", "dgx-a100", ("nvswitch",), runs_extender=True),
+    HostSpec("pcie-2x-t4", "pcie-2x-t4"),
+    HostSpec("esxi-vm-2x-v100", "esxi-vm-2x-v100", ("esxi_guests",)),
+)
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """A lab: its name (a prefix of every container and volume), state directory, inventory and hosts."""
+
+    name: str = "lab"
+    state_dir: Path = field(default_factory=lambda: PROJECT / ".lab" / "fleet")
+    inventory_dir: Path = field(default_factory=lambda: PROJECT / "inventory" / "lab")
+    hosts: tuple[HostSpec, ...] = DEFAULT_HOSTS
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,19}", self.name):
+            raise ValueError(f"lab name {self.name!r}: use 1-20 lowercase letters, digits and '-'")
+        names = [h.name for h in self.hosts]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"lab hosts need distinct names: {names}")
+        if sum(h.runs_extender for h in self.hosts) != 1:
+            raise ValueError("exactly one lab host runs the scheduler extender")
+
+    @classmethod
+    def from_env(cls, hosts: tuple[HostSpec, ...] = DEFAULT_HOSTS) -> LabSpec:
+        """The default lab, moved by GPUFLEET_LAB_NAME / GPUFLEET_LAB_STATE / GPUFLEET_LAB_INVENTORY."""
+        default = cls(hosts=hosts)
+        return cls(
+            name=os.environ.get("GPUFLEET_LAB_NAME", default.name),
+            state_dir=Path(os.environ.get("GPUFLEET_LAB_STATE", default.state_dir)).resolve(),
+            inventory_dir=Path(os.environ.get("GPUFLEET_LAB_INVENTORY", default.inventory_dir)).resolve(),
+            hosts=hosts,
+        )
+
+    def container(self, host: HostSpec) -> str:
+        return f"gpufleet-{self.name}-{host.name}"
+
+    def volume(self, host: HostSpec) -> str:
+        return f"gpufleet-{self.name}-{host.name}-docker"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def extender_host(self) -> HostSpec:
+        return next(h for h in self.hosts if h.runs_extender)

@@ -1,0 +1,164 @@
+"""The main job end to end: `gpufleet lab up`, `ansible-playbook site.yml` on its inventory, a second run with
+zero changes, the validation report all green, then `gpufleet lab down` leaving nothing behind.
+
+One lab for the module (names unique to this run, state and inventory in a temporary directory); the tests
+run in file order and build on each other, the last one takes the lab down. If `up` fails, every test fails
+with its message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.fleetlab import lab as fleetlab
+from gpufleet.fleetlab.spec import LabSpec
+from gpufleet.testhosts.podman import podman
+
+pytestmark = [pytest.mark.root, pytest.mark.cluster]
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+GPUS = {"dgx-a100": 8, "pcie-2x-t4": 2, "esxi-vm-2x-v100": 2}
+
+
+class Lab:
+    def __init__(self, spec: LabSpec, state: dict[str, Any] | None, error: str | None) -> None:
+        self.spec, self.state, self.error = spec, state, error
+        self.runs: list[subprocess.CompletedProcess[str]] = []
+
+    def require(self) -> dict[str, Any]:
+        if self.state is None:
+            pytest.fail(f"the lab did not come up: {self.error}")
+        return self.state
+
+    def playbook(self, *args: str) -> subprocess.CompletedProcess[str]:
+        self.require()
+        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PATH=os.pathsep.join(
+            [str(ANSIBLE_PLAYBOOK.parent), os.environ.get("PATH", "")]))  # fmt: skip
+        run = subprocess.run(
+            [str(ANSIBLE_PLAYBOOK), "-i", str(self.spec.inventory_dir), "site.yml", *args],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False,
+        )  # fmt: skip
+        log = self.spec.state_dir.parent / f"site-{len(self.runs) + 1}.log"
+        log.write_text(run.stdout + run.stderr)
+        self.runs.append(run)
+        return run
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    return {
+        m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)),
+                     "failed": int(m.group(5))}
+        for m in RECAP.finditer(output)
+    }  # fmt: skip
+
+
+def failures(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith(("fatal:", "failed:", "ERROR!"))]
+    return "\n".join(lines[-8:]) or output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    base = tmp_path_factory.mktemp("fleetlab")
+    inventory = base / "inventory"
+    shutil.copytree(REPO / "inventory/lab/group_vars", inventory / "group_vars")
+    spec = LabSpec(name=f"t{secrets.token_hex(3)}", state_dir=base / "state", inventory_dir=inventory)
+    state, error = None, None
+    try:
+        state = fleetlab.up(spec, progress=lambda msg: None)
+    except Exception as exc:  # reported by every test through Lab.require
+        error = f"{type(exc).__name__}: {exc}"
+    the_lab = Lab(spec, state, error)
+    try:
+        yield the_lab
+    finally:
+        fleetlab.down(spec, progress=lambda msg: None)
+
+
+def test_lab_is_up_with_every_node_ready(lab: Lab) -> None:
+    lab.require()
+    status = fleetlab.status(lab.spec)
+    assert status["up"], status
+    assert sorted(status["hosts"]) == sorted(GPUS)
+    inventory = (lab.spec.inventory_dir / "hosts.yml").read_text()
+    for host in lab.spec.hosts:
+        assert f"ansible_host: {lab.spec.container(host)}" in inventory
+
+
+def test_site_converges_every_host_and_validation_is_green(lab: Lab) -> None:
+    run = lab.playbook()
+    assert run.returncode == 0, f"site.yml failed (rc {run.returncode}):\n{failures(run.stdout + run.stderr)}"
+    stats = recap(run.stdout)
+    assert set(GPUS) <= set(stats), stats
+    assert all(s["failed"] == 0 and s["unreachable"] == 0 for s in stats.values()), stats
+    report = json.loads((lab.spec.state_dir / "validation-report" / "report.json").read_text())
+    text = (lab.spec.state_dir / "validation-report" / "report.txt").read_text()
+    failed = [c for c in report.get("checks", []) if c.get("outcome") not in ("passed", "skipped")]
+    assert not failed, f"validation checks failed:\n{text}"
+    assert report["status"] == "pass", text
+    passed_suites = {c["suite"] for c in report["checks"] if c["outcome"] == "passed"}
+    assert passed_suites == {"host", "runtime", "cluster", "workload"}, text
+    for host in GPUS:
+        assert host in text, f"{host} missing from the validation report:\n{text}"
+
+
+def test_nodes_advertise_their_simulated_gpus(lab: Lab) -> None:
+    state = lab.require()
+    nodes = fleetlab.node_conditions(state["supervisor"]["kubeconfig"])
+    assert {name: nodes.get(name, {}).get("gpus") for name in GPUS} == GPUS
+
+
+def test_fabricmanager_runs_only_on_the_nvswitch_host(lab: Lab) -> None:
+    lab.require()
+    for host in lab.spec.hosts:
+        argv = ["podman", "exec", lab.spec.container(host), "systemctl", "is-active", "nvidia-fabricmanager"]
+        state = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
+        want = ("active",) if host.name == "dgx-a100" else ("inactive", "unknown")
+        assert state in want, f"{host.name}: nvidia-fabricmanager is {state!r}, expected {' or '.join(want)}"
+
+
+def test_docker_config_was_merged_not_overwritten(lab: Lab) -> None:
+    lab.require()
+    from gpufleet.fleetlab.hostimage import INSTALLER_DAEMON_JSON
+
+    for host in lab.spec.hosts:
+        text = podman("exec", lab.spec.container(host), "cat", "/etc/docker/daemon.json").stdout
+        config = json.loads(text)
+        assert config.get("default-runtime") == "nvidia", (host.name, config)
+        assert "nvidia" in config.get("runtimes", {}), (host.name, config)
+        for key, value in INSTALLER_DAEMON_JSON.items():
+            assert config.get(key) == value, f"{host.name}: the installer's {key} was lost: {config}"
+
+
+def test_second_run_changes_nothing(lab: Lab) -> None:
+    run = lab.playbook()
+    assert run.returncode == 0, f"second site.yml failed:\n{failures(run.stdout + run.stderr)}"
+    stats = recap(run.stdout)
+    changed = {host: s["changed"] for host, s in stats.items() if s["changed"]}
+    assert not changed, f"a second converge changed something: {changed}\n" + "\n".join(
+        line for line in run.stdout.splitlines() if line.startswith("changed:"))
+
+
+def test_down_removes_everything(lab: Lab) -> None:
+    state = lab.require()
+    fleetlab.down(lab.spec, progress=lambda msg: None)
+    assert fleetlab.containers(lab.spec) == {}
+    volumes = podman("volume", "ls", "-q").stdout.split()
+    assert not [v for v in volumes if v.startswith(f"gpufleet-{lab.spec.name}-")]
+    assert not lab.spec.state_dir.exists()
+    assert not (lab.spec.inventory_dir / "hosts.yml").exists()
+    assert not Path(f"/proc/{state['supervisor']['pid']}").exists()
+    leftovers = subprocess.run(["pgrep", "-f", str(lab.spec.state_dir)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", f"processes of the lab still run: {leftovers.stdout}"

@@ -1,0 +1,149 @@
+"""The lab's pieces that need no containers: its spec, the generated inventory, the simulated driver files a
+host receives, and the stand-in NVIDIA runtime's injection into an OCI spec."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.fleetlab import hostsetup
+from gpufleet.fleetlab import lab as fleetlab
+from gpufleet.fleetlab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
+from gpufleet.testhosts import nvidia_packages
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_spec_rejects_bad_names_and_host_sets(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="lab name"):
+        LabSpec(name="Bad_Name", state_dir=tmp_path)
+    with pytest.raises(ValueError, match="distinct"):
+        LabSpec(hosts=(DEFAULT_HOSTS[0], DEFAULT_HOSTS[0]))
+    with pytest.raises(ValueError, match="extender"):
+        LabSpec(hosts=(HostSpec("a", "pcie-2x-t4"),))
+    spec = LabSpec(name="x1", state_dir=tmp_path)
+    assert spec.container(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4"
+    assert spec.volume(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4-docker"
+
+
+def _state() -> dict:
+    return {
+        "supervisor": {
+            "kubeconfig": "/k/admin.kubeconfig",
+            "apiserver": {"port": 6443, "url": "https://127.0.0.1:6443"},
+            "repo": {"url": "http://10.0.2.2:8080"},
+            "scheduler": {"kubeconfig": "/k/s", "manifest": "/m/kube-scheduler.yaml", "secure_port": 10259},
+        },
+        "extender": {"host": "dgx-a100", "port": 40000},
+        "gpufleet_image": "gpufleet-lab/gpufleet:abc",
+    }
+
+
+def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory"
+    (inventory).mkdir()
+    (inventory / "group_vars").symlink_to(REPO / "inventory/lab/group_vars")
+    spec = LabSpec(name="u1", state_dir=tmp_path / "state", inventory_dir=inventory)
+    path = fleetlab.write_inventory(spec, _state())
+    assert path.read_text().startswith(fleetlab.GENERATED_MARK)
+    doc = yaml.safe_load(path.read_text())
+    children = doc["all"]["children"]
+    assert sorted(children["gpu_nodes"]["hosts"]) == sorted(h.name for h in DEFAULT_HOSTS)
+    assert list(children["nvswitch"]["hosts"]) == ["dgx-a100"]
+    assert list(children["kube_control_plane"]["hosts"]) == ["lab-control-plane"]
+    # What Ansible makes of it together with inventory/lab/group_vars.
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory),
+         "--host", "dgx-a100"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    hostvars = json.loads(out.stdout)
+    assert hostvars["ansible_host"] == "gpufleet-u1-dgx-a100"
+    assert hostvars["ansible_connection"] == "containers.podman.podman"
+    assert hostvars["gpufleet_lab"]["repo_url"] == "http://10.0.2.2:8080"
+    assert "gpufleet_target" not in hostvars  # plays pick hosts before group_vars apply: never set it there
+
+
+@pytest.mark.root
+def test_staged_sim_root_has_real_files_and_a_device_script(sim_lib: Path, tmp_path: Path) -> None:
+    root = hostsetup.stage_sim("pcie-2x-t4", tmp_path, sim_lib)
+    lib = root / "lib/libnvidia-ml.so.1"
+    assert lib.is_file() and not lib.is_symlink()
+    assert lib.read_bytes() == sim_lib.read_bytes()
+    assert not any(stat.S_ISCHR(p.lstat().st_mode) for p in root.rglob("*"))
+    script = (root / "bin/gpufleet-sim-devices").read_text()
+    assert "mknod -m 666 /dev/nvidia0 c 195 0" in script
+    assert "mknod -m 666 /dev/nvidia1 c 195 1" in script
+    assert "mknod -m 666 /dev/nvidia2 " not in script
+    assert str(tmp_path) not in (root / "bin/nvidia-smi").read_text()
+    assert (root / "python/pynvml.py").is_file() and (root / "python/gpufleet/sim/smi.py").is_file()
+    # The stand-in works from the staged copy with only the standard library + the copied modules.
+    env = {"PATH": "/usr/bin:/bin", "GPUFLEET_SIM_ROOT": str(root), "LD_LIBRARY_PATH": str(root / "lib"),
+           "GPUFLEET_HOST_ROOT": str(root / "host"), "PYTHONPATH": str(root / "python")}  # fmt: skip
+    out = subprocess.run(["/usr/bin/python3", "-s", "-m", "gpufleet.sim.smi", "-L"], env=env,
+                         capture_output=True, text=True, check=False, cwd=root / "python")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("Tesla T4") == 2, out.stdout
+
+
+def _runtime(tmp_path: Path, machine: dict | None) -> dict:
+    shim = tmp_path / "nvidia-container-runtime"
+    shim.write_text(nvidia_packages._RUNTIME_SHIM.replace("sys.exit(main(sys.argv[1:]))", ""))
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    if machine is not None:
+        (sim / "machine.json").write_text(json.dumps(machine))
+    os.environ["GPUFLEET_SIM_ROOT"] = str(sim)
+    try:
+        return runpy.run_path(str(shim))
+    finally:
+        del os.environ["GPUFLEET_SIM_ROOT"]
+
+
+def _bundle(tmp_path: Path, env: list[str]) -> Path:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"process": {"env": ["PATH=/bin", *env]}, "mounts": []}))
+    return config
+
+
+MACHINE = {"gpus": [{"uuid": f"GPU-{c * 3}", "minor": i} for i, c in enumerate("abc")]}
+
+
+def test_runtime_injects_only_the_visible_gpus(tmp_path: Path) -> None:
+    shim = _runtime(tmp_path, MACHINE)
+    config = _bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=GPU-bbb,2"])
+    assert shim["inject"](str(config)) is True
+    spec = json.loads(config.read_text())
+    assert {m["destination"] for m in spec["mounts"]} == {str(tmp_path / "sim"), "/usr/bin/nvidia-smi"}
+    assert f"GPUFLEET_SIM_ROOT={tmp_path / 'sim'}" in spec["process"]["env"]
+    wanted = {d["path"] for d in spec["linux"]["devices"]}
+    # Only device nodes that exist on the host are added; the GPU nodes chosen are minors 1 and 2.
+    allowed = {"/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    assert not wanted - allowed
+    assert [g["uuid"] for g in shim["visible"]({"NVIDIA_VISIBLE_DEVICES": "GPU-bbb,2"}, MACHINE["gpus"])] == [
+        "GPU-bbb", "GPU-ccc"]  # fmt: skip
+
+
+@pytest.mark.parametrize("env", [[], ["NVIDIA_VISIBLE_DEVICES=none"], ["NVIDIA_VISIBLE_DEVICES=void"]])
+def test_runtime_leaves_containers_without_gpus_alone(tmp_path: Path, env: list[str]) -> None:
+    shim = _runtime(tmp_path, MACHINE)
+    config = _bundle(tmp_path, env)
+    before = config.read_text()
+    assert shim["inject"](str(config)) is False
+    assert config.read_text() == before
+
+
+def test_runtime_without_a_simulated_machine_changes_nothing(tmp_path: Path) -> None:
+    shim = _runtime(tmp_path, None)
+    config = _bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    before = config.read_text()
+    assert shim["inject"](str(config)) is False
+    assert config.read_text() == before
