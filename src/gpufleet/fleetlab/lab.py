@@ -106,6 +106,11 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
 
     progress("control plane, kube-scheduler and the stand-in APT repository")
     sup = _timed(timings, "control plane", lambda: _start_supervisor(spec))
+    # A short, stable path for people: $STATE/kubeconfig (the admin's, for kubectl and the roles).
+    short = spec.state_dir / "kubeconfig"
+    short.unlink(missing_ok=True)
+    short.symlink_to(sup["kubeconfig"])
+    sup["kubeconfig"] = str(short)
     (extender_port,) = free_ports(1)
     kubelet = Path(sup["k8s_bin"]) / "kubelet"
 
