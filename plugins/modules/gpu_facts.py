@@ -19,6 +19,12 @@ description:
     NVLinks, the GPU connection matrix of C(nvidia-smi topo -m), and GPU fabric state on Hopper.
   - Also reports what host preparation needs to know, such as whether nouveau is loaded, Secure Boot,
     the hypervisor, and whether the kernel module and userspace driver versions differ.
+  - Reads the kernel log of the current boot (C(/dev/kmsg), else C(/var/log/kern.log); without blocking, at
+    most 16 MiB and 2 seconds) and returns the NVIDIA driver's error lines (NVRM, Xid) as C(kernel_log_errors).
+    In a VMware guest it also returns C(vm_config_problems), the signs of a VM configured wrong for its GPUs
+    (for instance a 64-bit MMIO window too small for their memory), each with the likely cause and the fix.
+  - Reading C(/dev/kmsg) needs root where C(kernel.dmesg_restrict) is 1 (use C(become)); when no log can be
+    read, C(kernel_log_unreadable) says why and the other facts are unaffected.
   - Never changes the target. Runs the same under check mode.
   - GPU-facing behaviour has been tested against gpufleet's NVML simulator, not against real GPUs.
 author:
@@ -29,8 +35,8 @@ requirements:
 options:
   host_root:
     description:
-      - Read C(/sys), C(/proc) and C(/dev) under this directory instead of C(/), to inspect a mounted or
-        simulated host.
+      - Read C(/sys), C(/proc), C(/dev) and C(/var/log) under this directory instead of C(/), to inspect a
+        mounted or simulated host.
       - Defaults to the E(GPUFLEET_HOST_ROOT) environment variable of the module, or C(/).
     type: path
   nvml:
@@ -41,6 +47,12 @@ options:
   topology:
     description:
       - Build the GPU connection matrix (one NVML query per GPU pair). Only with NVML.
+    type: bool
+    default: true
+  kernel_log:
+    description:
+      - Read the kernel log for C(kernel_log_errors) and C(vm_config_problems). With V(false) both are empty
+        and C(kernel_log_unreadable) is V(not read).
     type: bool
     default: true
 attributes:
@@ -70,6 +82,11 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     msg: "{{ inventory_hostname }} needs nvidia-fabricmanager"
   when: ansible_facts.gpufleet_gpu.fabricmanager_required
+
+- name: Stop a VMware guest whose VM configuration keeps its GPUs from working
+  ansible.builtin.assert:
+    that: ansible_facts.gpufleet_gpu.vm_config_problems | length == 0
+    fail_msg: "{{ ansible_facts.gpufleet_gpu.vm_config_problems | map(attribute='fix') | unique | list }}"
 
 - name: Gather GPU facts from sysfs only, as before a driver is installed
   gpufleet.nvidia.gpu_facts:
@@ -202,6 +219,59 @@ ansible_facts:
           type: list
           elements: str
           sample: ["GPU 0: 12 of 12 NVLinks to NVSwitches inactive"]
+        kernel_log_source:
+          description:
+            - The kernel log read, as a path on the host (under O(host_root)), V(/dev/kmsg) or V(/var/log/kern.log).
+            - Null when neither could be read.
+          type: str
+          sample: /dev/kmsg
+        kernel_log_unreadable:
+          description: Why no kernel log was read, per path tried; null when one was.
+          type: str
+          sample: "/dev/kmsg: Operation not permitted; /var/log/kern.log: Permission denied"
+        kernel_log_truncated:
+          description: Whether lines may be missing (log larger than the read limit, or records overwritten).
+          type: bool
+          sample: false
+        kernel_log_errors:
+          description:
+            - The NVIDIA driver's lines of the current boot that report a failure, Xid events among them.
+            - Distinct lines in the order first logged, at most the last 100. Any host.
+          type: list
+          elements: str
+          sample: ["NVRM: BAR1 is 0M @ 0x0 (PCI:0000:0b:00.0)", "NVRM: None of the NVIDIA devices were initialized."]
+        vm_config_problems:
+          description:
+            - On a VMware guest with GPUs, the signs in its kernel log and boot mode that the VM is configured
+              wrong for them; empty when none are seen, and always empty on other hosts.
+            - One entry per symptom and GPU.
+          type: list
+          elements: dict
+          contains:
+            symptom:
+              description:
+                - V(gpu_bar_unassigned) (a GPU memory window got no address; BIOS firmware or a 64-bit MMIO window
+                  too small), V(bios_firmware) (GPUs of more than 16 GB in a BIOS-booted VM),
+                  V(gpu_init_failed) (C(RmInitAdapter failed)), V(gpu_fell_off_bus) (Xid 79),
+                  V(gpu_no_interrupts), V(iommu_fault) (a virtual IOMMU blocked the GPU).
+              type: str
+              sample: gpu_bar_unassigned
+            gpu:
+              description: PCI address of the GPU concerned; null when the evidence names none.
+              type: str
+              sample: "0000:0b:00.0"
+            evidence:
+              description: The kernel log line (or host fact) that shows it.
+              type: str
+              sample: "NVRM: BAR1 is 0M @ 0x0 (PCI:0000:0b:00.0)"
+            likely_cause:
+              description: What in the VM's configuration most likely causes it.
+              type: str
+              sample: "The GPU's BAR1 (its large, 64-bit memory aperture) does not fit the VM's 64-bit MMIO window: ..."
+            fix:
+              description: What to change, in vSphere terms.
+              type: str
+              sample: "Power the VM off and set: firmware EFI, pciPassthru.use64bitMMIO = TRUE, pciPassthru.64bitMMIOSizeGB = 128 ..."
         driver_loaded:
           description: Whether the nvidia kernel module is loaded (or NVML answered).
           type: bool
@@ -278,12 +348,18 @@ def main() -> None:
             "host_root": {"type": "path"},
             "nvml": {"type": "bool", "default": True},
             "topology": {"type": "bool", "default": True},
+            "kernel_log": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     params = module.params
     try:
-        facts = discover(params["host_root"], use_nvml=params["nvml"], with_topology=params["topology"])
+        facts = discover(
+            params["host_root"],
+            use_nvml=params["nvml"],
+            with_topology=params["topology"],
+            with_kernel_log=params["kernel_log"],
+        )
     except OSError as exc:
         module.fail_json(msg=f"cannot read the host under {params['host_root'] or '/'}: {exc}")
     module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts.to_dict()})

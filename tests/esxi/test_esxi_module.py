@@ -19,7 +19,7 @@ import yaml
 from ansible.module_utils import basic
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import esxi_vsphere
 from ansible_collections.gpufleet.nvidia.plugins.modules import esxi_gpu_passthrough as module
-from conftest import COLLECTIONS_ROOT, Lab, make_lab
+from esxi_lab import COLLECTIONS_ROOT, Lab, make_lab
 from pyVmomi import vim
 
 PASSWORD = "Pa55-do-not-print-7f3a"

@@ -21,7 +21,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.esxi_passthrough_p
     unsigned16,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.esxi_vsphere import host_pci
-from conftest import A100_80GB, RTX_2080_TI, make_lab
+from esxi_lab import A100_80GB, RTX_2080_TI, make_lab
 from esxi_standin import HOST_SYSTEM_ID, apply_spec
 from pyVmomi import SoapAdapter, vim
 

@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.esxi_passthrough_r
     reconcile,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.esxi_vsphere import VmSelector, VSphereError
-from conftest import RTX_2080_TI, Lab, make_lab
+from esxi_lab import RTX_2080_TI, Lab, make_lab
 from esxi_standin import VM, Task, vm_config
 from pyVmomi import vim
 

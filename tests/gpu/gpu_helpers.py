@@ -13,6 +13,8 @@ from typing import Any
 from gpufleet.sim import machine as simmachine
 
 FIXTURES = simmachine.fixture_names()
+# The fixtures whose NVIDIA driver is loaded, so NVML answers (esxi-vm-small-mmio's failed to load).
+HEALTHY = [f for f in FIXTURES if simmachine.expand(f)["host"]["driver_loaded"]]
 
 
 class FakeHost:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_helpers import FIXTURES, facts_in_sim
+from gpu_helpers import FIXTURES, HEALTHY, facts_in_sim
 
 from gpufleet.gpu import SOURCE_NVML, SOURCE_SYSFS, discover, normalize_bus_id
 from gpufleet.sim import control as simcontrol
@@ -46,25 +46,34 @@ def test_sysfs_discovery_on_sim_root_matches_the_machine(sim_root: RootFactory, 
     root = sim_root(fixture)
     machine = simmachine.load_machine(root)
     gpus = machine["gpus"]
+    host = machine["host"]
+    loaded = host["driver_loaded"]  # false where the fixture's driver failed to load (esxi-vm-small-mmio)
     facts = discover(root / "host")  # NVML is refused in this process: sysfs only
     assert facts.source == SOURCE_SYSFS
     assert [g.pci_bus_id for g in facts.gpus] == [normalize_bus_id(g["bus_id"]) for g in gpus]
     assert [g.model for g in facts.gpus] == [g["name"] for g in gpus]
     assert [g.numa_node for g in facts.gpus] == [_numa(g["numa_node"]) for g in gpus]
     assert [g.compute_capability for g in facts.gpus] == ["{}.{}".format(*g["cuda_cc"]) for g in gpus]
-    assert all(g.kernel_driver == "nvidia" for g in facts.gpus)
+    assert all(g.kernel_driver == ("nvidia" if loaded else None) for g in facts.gpus)
     assert facts.nvswitch_count == len(machine["nvswitches"])
     assert facts.fabricmanager_required == bool(machine["nvswitches"])
-    assert facts.driver.loaded
-    assert facts.driver.kernel_module_version == machine["kernel_module_version"]
-    host = machine["host"]
+    assert facts.driver.loaded == loaded
+    assert facts.driver.kernel_module_version == (machine["kernel_module_version"] if loaded else None)
     assert facts.host.secure_boot == host["secure_boot"]
     assert facts.host.nouveau_loaded == host["nouveau_loaded"]
     assert facts.host.hypervisor == (host["hypervisor"].lower() if host["hypervisor"] else None)
-    assert facts.host.device_nodes[: len(gpus)] == [f"nvidia{i}" for i in range(len(gpus))]
+    nodes = [f"nvidia{i}" for i in range(len(gpus))] if loaded else []
+    assert facts.host.device_nodes[: len(gpus)] == nodes
+    # Every sim root has a kernel log; the healthy machines' has nothing to complain about.
+    assert facts.kernel_log is not None and facts.kernel_log.source == "/dev/kmsg"
+    if loaded and not host["kernel_log"][2:]:  # the boot banner and the driver's "loading" line only
+        version, built = machine["driver_version"], simmachine.DRIVER_BUILD_DATE
+        loading = f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {version}  {built}"
+        assert facts.kernel_log.lines == [loading]
+        assert facts.kernel_log_errors == [] and facts.vm_config_problems == []
 
 
-@pytest.mark.parametrize("fixture", FIXTURES)
+@pytest.mark.parametrize("fixture", HEALTHY)
 def test_nvml_discovery_on_sim_root_matches_the_machine(
     nvml_facts: Callable[[str], dict[str, Any]], sim_root: RootFactory, fixture: str
 ) -> None:
@@ -161,3 +170,43 @@ def test_lost_gpu_is_listed_as_lost_and_the_rest_still_discovered(fresh_root: Ro
     assert lost["uuid"] is None and lost["pci_bus_id"] == "0000:4e:00.0"
     assert facts["topology"]["matrix"][3] == ["N/A", "N/A", "N/A", "X", "N/A", "N/A", "N/A", "N/A"]
     assert facts["topology"]["matrix"][0][1] == "NV12"
+
+
+def test_vm_with_a_small_mmio_window_shows_why_its_driver_did_not_load(sim_root: RootFactory) -> None:
+    """esxi-vm-small-mmio: 64bitMMIOSizeGB 16 for two 32 GB V100s; the driver refused both, did not load."""
+    facts = facts_in_sim(sim_root("esxi-vm-small-mmio"))  # through NVML where it answers, as gpu_facts does
+    assert facts["source"] == SOURCE_SYSFS and "Driver Not Loaded" in facts["nvml_error"]
+    assert facts["hypervisor"] == "vmware" and facts["gpu_count"] == 2 and facts["device_nodes"] == []
+    assert facts["kernel_log_source"] == "/dev/kmsg" and facts["kernel_log_unreadable"] is None
+    assert facts["kernel_log_errors"] == [
+        "NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:",
+        "NVRM: BAR1 is 0M @ 0x0 (PCI:0000:0b:00.0)",
+        "NVRM: BAR1 is 0M @ 0x0 (PCI:0000:13:00.0)",
+        "NVRM: The NVIDIA probe routine failed for 2 device(s).",
+        "NVRM: None of the NVIDIA devices were initialized.",
+    ]
+    problems = facts["vm_config_problems"]
+    assert [(p["symptom"], p["gpu"], p["evidence"]) for p in problems] == [
+        ("gpu_bar_unassigned", "0000:0b:00.0", "NVRM: BAR1 is 0M @ 0x0 (PCI:0000:0b:00.0)"),
+        ("gpu_bar_unassigned", "0000:13:00.0", "NVRM: BAR1 is 0M @ 0x0 (PCI:0000:13:00.0)"),
+    ]
+    assert all("pciPassthru.64bitMMIOSizeGB = 128" in p["fix"] for p in problems)
+
+
+def test_healthy_vm_has_a_kernel_log_and_no_vm_problems(nvml_facts: Callable[[str], dict[str, Any]]) -> None:
+    facts = nvml_facts("esxi-vm-2x-v100")
+    assert facts["source"] == SOURCE_NVML and facts["hypervisor"] == "vmware"
+    assert (facts["kernel_log_source"], facts["kernel_log_errors"], facts["vm_config_problems"]) == (
+        "/dev/kmsg", [], []
+    )
+
+
+def test_lost_gpu_logged_by_the_driver_is_a_vm_symptom_too(fresh_root: RootFactory) -> None:
+    """The simulator's `gpu N lost` does not write the kernel log; a line written as the driver would does."""
+    root = fresh_root("esxi-vm-2x-v100")
+    xid = "NVRM: Xid (PCI:0000:13:00): 79, pid=2345, GPU has fallen off the bus."
+    with (root / "host/dev/kmsg").open("a") as kmsg:
+        kmsg.write(f"3,99,99000000,-;{xid}\n")
+    facts = discover(root / "host", use_nvml=False)
+    assert facts.kernel_log_errors == [xid]
+    assert [(p.symptom, p.gpu) for p in facts.vm_config_problems] == [("gpu_fell_off_bus", "0000:13:00.0")]

@@ -14,7 +14,9 @@ import pytest
 from gpufleet import cli
 from gpufleet.sim import machine as simmachine
 
-FIXTURES = ["dgx-a100", "hgx-h100", "pcie-2x-t4", "esxi-vm-2x-v100", "node-40-gpus"]
+FIXTURES = [
+    "dgx-a100", "hgx-h100", "pcie-2x-t4", "esxi-vm-2x-v100", "esxi-vm-small-mmio", "node-40-gpus",
+]
 
 Roots = Callable[[str], Path]  # fixture name → sim root
 

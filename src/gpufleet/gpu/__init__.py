@@ -4,7 +4,7 @@ Standard library only (pynvml is imported lazily, and optional), with relative i
 the same files are shipped to Ansible targets as the collection's module_utils (see gpu_facts).
 
     from gpufleet.gpu import discover, nvml_session, HealthMonitor
-    facts = discover()                       # GpuFacts: gpus, driver, host, topology, ...
+    facts = discover()                       # GpuFacts: gpus, driver, host, topology, kernel log, ...
     with nvml_session() as nv, HealthMonitor(nv) as monitor:
         for event in monitor.events(timeout=5):
             ...                              # HealthEvent(uuid, kind, code)
@@ -26,8 +26,8 @@ from .errors import (
     NvmlUnavailable,
 )
 from .events import DOUBLE_BIT_ECC, GPU_LOST, XID, HealthEvent, HealthMonitor
-from .facts import SOURCE_NVML, SOURCE_SYSFS, DriverInfo, GpuFacts, discover
-from .host import HOST_ROOT_ENV, HostInfo, resolve_root
+from .facts import SOURCE_NVML, SOURCE_SYSFS, DriverInfo, GpuFacts, VmConfigProblem, discover
+from .host import HOST_ROOT_ENV, HostInfo, KernelLog, read_kernel_log, resolve_root
 from .nvml import Nvml, nvml_session
 from .pci import PciDevice, normalize_bus_id, nvml_bus_id
 from .topology import Topology
@@ -47,6 +47,7 @@ __all__ = [
     "HealthEvent",
     "HealthMonitor",
     "HostInfo",
+    "KernelLog",
     "MigMode",
     "NvLink",
     "Nvml",
@@ -63,9 +64,11 @@ __all__ = [
     "NvmlUnavailable",
     "PciDevice",
     "Topology",
+    "VmConfigProblem",
     "discover",
     "normalize_bus_id",
     "nvml_bus_id",
     "nvml_session",
+    "read_kernel_log",
     "resolve_root",
 ]

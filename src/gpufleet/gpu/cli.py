@@ -69,7 +69,39 @@ def format_facts(facts: GpuFacts) -> str:
     fm = " (fabricmanager required)" if facts.fabricmanager_required else ""
     lines.append(f"NVSwitches:  {facts.nvswitch_count}{fm}")
     lines.extend(f"  fabric:    {symptom}" for symptom in facts.fabric_symptoms)
+    lines.extend(_kernel_log_lines(facts))
     return "\n".join(lines) + "\n"
+
+
+SHOWN_KERNEL_LOG_ERRORS = 10
+
+
+def _kernel_log_lines(facts: GpuFacts) -> list[str]:
+    """The kernel log's NVRM errors and, on VMware guests, what they say about the VM's configuration."""
+    log = facts.kernel_log
+    if log is None:
+        return []
+    if log.source is None:
+        lines = [f"kernel log:  not read ({log.unreadable})"]
+    else:
+        cut = ", truncated" if log.truncated else ""
+        lines = [f"kernel log:  {log.source}{cut}, {len(facts.kernel_log_errors)} NVRM error line(s)"]
+        shown = facts.kernel_log_errors[-SHOWN_KERNEL_LOG_ERRORS:]
+        if len(shown) < len(facts.kernel_log_errors):
+            lines.append(f"  ... {len(facts.kernel_log_errors) - len(shown)} earlier line(s) not shown")
+        lines.extend(f"  {line}" for line in shown)
+    if facts.host.hypervisor == "vmware" and facts.gpus:
+        problems = facts.vm_config_problems
+        lines.append(f"VM config:   {len(problems)} problem(s) seen from the guest" if problems else
+                     "VM config:   no problem seen from the guest")
+        for problem in problems:
+            where = f"GPU {problem.gpu}" if problem.gpu else "VM"
+            lines += [
+                f"  {where}: {problem.symptom}: {problem.evidence}",
+                f"    cause: {problem.likely_cause}",
+                f"    fix:   {problem.fix}",
+            ]
+    return lines
 
 
 def _facts(args: argparse.Namespace) -> int:

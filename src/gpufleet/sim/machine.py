@@ -2,7 +2,8 @@
 
 A *sim root* holds `machine.json` (fully expanded, read by the C library), `control` and `events`
 (failure injection), `lib/` (the built `libnvidia-ml.so.1`), `bin/nvidia-smi` and `host/`, a view of
-the host filesystem (`/sys`, `/proc`, `/dev`) that discovery reads instead of `/`.
+the host filesystem (`/sys`, `/proc`, `/dev`, the kernel log as `/dev/kmsg`) that discovery reads instead
+of `/`.
 See docs/simulator.md for the contract.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -152,6 +154,18 @@ def _numa_cpus(cpus: int, nodes: int) -> list[list[int]]:
     return [[n * per, (n + 1) * per - 1] for n in range(nodes)]
 
 
+def kernel_log(host: dict[str, Any], kmod: str) -> list[str]:
+    """The kernel messages of the simulated boot: the kernel's banner, the driver's when it loaded, and the
+    fixture's `host.kernel_log` lines (verbatim; a message may hold newlines, as one printk can)."""
+    release = str(host.get("kernel_release", DEFAULT_KERNEL))
+    lines = [f"Linux version {release} (simulated by gpufleet)"]
+    if bool(host.get("driver_loaded", True)):
+        # nv.c's "NVRM: loading %s" with the module's banner, as /proc/driver/nvidia/version shows it.
+        lines.append(f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}")
+    lines += [str(line).rstrip("\n") for line in host.get("kernel_log") or []]
+    return lines
+
+
 def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
     """Expand a fixture into the full machine.json document (schema 1)."""
     name, fx = load_fixture(fixture)
@@ -241,6 +255,7 @@ def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
             "cpus": cpus,
             "numa_nodes": nodes,
             "fabricmanager": host.get("fabricmanager", "running" if sw_buses else None),
+            "kernel_log": kernel_log(host, kmod),
         },
         "numa_cpus": _numa_cpus(cpus, nodes),
         "gpus": gpus,
@@ -375,6 +390,31 @@ def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None,
     write_atomic(root / "control", "\n".join(lines) + "\n")
 
 
+# "<device name>: ..." of dev_printk, for which the kernel adds SUBSYSTEM/DEVICE to the record's dictionary.
+_DEV_PRINTK = re.compile(r"^\S+ ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): ")
+
+
+def kmsg_records(lines: list[str]) -> str:
+    """`lines` as /dev/kmsg hands them out (Documentation/ABI/testing/dev-kmsg): "prio,seq,usec,flags;text"
+    with non-printable bytes (a message's own newlines) as \\xNN, and " KEY=value" dictionary lines."""
+    out = []
+    for seq, line in enumerate(lines):
+        # Facility 0 (kernel); level 3 (err) for the driver's complaints, 4 (warning) for the driver core's
+        # "probe of ... failed", 6 (info) for the rest (banners, the PCI core's pci_info lines).
+        if line.startswith("NVRM: ") and not line.startswith("NVRM: loading "):
+            prio = 3
+        elif "failed with error" in line:
+            prio = 4
+        else:
+            prio = 6
+        text = "".join(chr(b) if 32 <= b < 127 and b != 0x5C else f"\\x{b:02x}" for b in line.encode())
+        out.append(f"{prio},{seq},{seq * 250_000 + 1000},-;{text}\n")
+        device = _DEV_PRINTK.match(line)
+        if device:
+            out.append(f" SUBSYSTEM=pci\n DEVICE=+pci:{device.group(1)}\n")
+    return "".join(out)
+
+
 def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
     host = root / "host"
     h = m["host"]
@@ -418,7 +458,11 @@ def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
 
     dev = host / "dev"
     dev.mkdir(parents=True, exist_ok=True)
+    # The kernel log, as a regular file discovery reads like /dev/kmsg (a real one is char device 1:11).
+    _write(dev / "kmsg", kmsg_records(h.get("kernel_log") or []))
     made = {"char": 0, "file": 0}
+    if not h["driver_loaded"]:
+        return made  # the module never loaded (fixture driver_loaded: false): no /dev/nvidia* nodes
 
     def node(name: str, major: int, minor: int) -> None:
         made["char" if _dev_node(dev / name, major, minor) else "file"] += 1
