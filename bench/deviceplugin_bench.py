@@ -1,9 +1,21 @@
 """Device plugin benchmarks on the GPU simulator: Allocate latency, XID-to-Unhealthy latency, idle RSS.
 
-    python bench/deviceplugin_bench.py [--allocs 2000] [--xids 20] [FIXTURE ...]
+    python bench/deviceplugin_bench.py [--allocs 2000] [--xids 20] [--runs 3] [--realtime] [FIXTURE ...]
 
-Each fixture (default: dgx-a100 and node-40-gpus) gets a fresh sim root, a fake kubelet, and the plugin as
-a separate process (`python -m gpufleet.deviceplugin`), measured from this process over the unix socket.
+Each fixture (default: dgx-a100 and node-40-gpus) gets a fresh sim root and the plugin as a separate
+process (`python -m gpufleet.deviceplugin`). This process plays the kubelet: it serves Registration, then,
+like the kubelet's device manager, keeps one connection to the plugin with a ListAndWatch stream open and
+calls Allocate on it one call at a time. The client's own garbage collector is frozen and off while it
+times calls (the kubelet is Go, whose collector runs concurrently): its pauses are not the plugin's.
+
+Each Allocate is timed at the client. Around each call the bench also reads, from
+/proc/<pid>/task/*/schedstat, how long the threads of both processes sat runnable but without a CPU;
+the "CPU wait" column counts the calls slower than 2 ms in which that wait made up at least half of the
+time above the median: on a busy machine that, not the plugin, is what the tail is made of.
+`--realtime` runs both processes SCHED_FIFO (root or CAP_SYS_NICE) so that other jobs on a shared
+machine cannot delay them; a node does not run the plugin that way, so it is a way to measure the
+plugin, not a deployment figure.
+
 Figures, not assertions: the issue's targets are Allocate p99 < 2 ms, health propagation median < 100 ms,
 RSS < 60 MB.
 """
@@ -11,9 +23,9 @@ RSS < 60 MB.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +42,7 @@ from gpufleet.deviceplugin.api import KUBELET_SOCKET, pb, pb_grpc
 from gpufleet.sim import control, machine
 
 ENDPOINT = "gpufleet-nvidia.com-gpu.sock"
+SLOW_S = 0.002  # the issue's p99 target: calls above it are the tail the CPU-wait column explains
 
 
 class Kubelet(pb_grpc.RegistrationServicer):
@@ -43,6 +56,32 @@ class Kubelet(pb_grpc.RegistrationServicer):
         return pb.Empty()
 
 
+class Watch:
+    """The kubelet's ListAndWatch stream, read in the background; notes each device's latest health."""
+
+    def __init__(self, stub: pb_grpc.DevicePluginStub) -> None:
+        self.stream = stub.ListAndWatch(pb.Empty())
+        self.seen: dict[str, str] = {}
+        self.changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for resp in self.stream:
+                with self.changed:
+                    self.seen = {d.ID: d.health for d in resp.devices}
+                    self.changed.notify_all()
+        except grpc.RpcError:
+            pass
+
+    def wait(self, uuid: str, health: str) -> float:
+        """Block until `uuid` is reported `health`; return when that was noticed (perf_counter)."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.seen.get(uuid) == health, timeout=30):
+                raise RuntimeError(f"{uuid} never became {health}")
+        return time.perf_counter()
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -53,6 +92,33 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class SchedStat:
+    """Summed run time and run-queue wait (ns) of every thread of some processes (/proc schedstat)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.fds = [
+            os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
+            for pid in pids
+            for tid in os.listdir(f"/proc/{pid}/task")
+        ]
+
+    def read(self) -> tuple[int, int]:
+        run = wait = 0
+        for fd in self.fds:
+            try:
+                fields = os.pread(fd, 128, 0).split()
+            except OSError:  # a thread that ended
+                continue
+            if fields:
+                run += int(fields[0])
+                wait += int(fields[1])
+        return run, wait
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
 
 
 def server_side_p99(port: int) -> float:
@@ -69,6 +135,53 @@ def server_side_p99(port: int) -> float:
     return next(le for le, count in buckets if count >= 0.99 * total)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def time_allocates(
+    stub: pb_grpc.DevicePluginStub, uuids: list[str], allocs: int, plugin_pid: int
+) -> dict[str, float]:
+    """Sequential Allocates of one GPU each, round robin, after a warm-up; latency and its make-up."""
+    requests = [
+        pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[u])]) for u in uuids
+    ]
+    for r in requests * 5:
+        stub.Allocate(r)
+    plugin, both = SchedStat([plugin_pid]), SchedStat([plugin_pid, os.getpid()])
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        times, waits = [], []
+        cpu_before = plugin.read()[0]
+        for n in range(allocs):
+            waited = both.read()[1]
+            start = time.perf_counter()
+            stub.Allocate(requests[n % len(requests)])
+            times.append(time.perf_counter() - start)
+            waits.append((both.read()[1] - waited) / 1e9)
+        plugin_cpu = (plugin.read()[0] - cpu_before) / 1e9 / allocs
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        plugin.close()
+        both.close()
+    median = statistics.median(times)
+    slow = [(t, w) for t, w in zip(times, waits, strict=True) if t > SLOW_S]
+    return {
+        "alloc_p50_ms": median * 1000,
+        "alloc_p99_ms": percentile(times, 0.99) * 1000,
+        "slow": len(slow),
+        "slow_cpu_wait": sum(1 for t, w in slow if w >= 0.5 * (t - median)),
+        "plugin_cpu_ms": plugin_cpu * 1000,
+    }
+
+
 def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
     base = tempfile.mkdtemp(prefix="dpb", dir="/tmp")
     root, sock = os.path.join(base, "root"), os.path.join(base, "sock")
@@ -76,9 +189,7 @@ def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
     env = {**os.environ, **machine.sim_env(machine.materialize(fixture, root))}
     uuids = [g["uuid"] for g in sorted(machine.load_machine(root)["gpus"], key=lambda g: g["index"])]
     kubelet = Kubelet()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pb_grpc.add_RegistrationServicer_to_server(kubelet, server)
     server.add_insecure_port("unix://" + os.path.join(sock, KUBELET_SOCKET))
@@ -91,6 +202,8 @@ def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
             "gpufleet.deviceplugin",
             "--socket-dir",
             sock,
+            # 10x the default: the XID phase waits for a probe to see each GPU come back. For Allocate
+            # that is more health work in the plugin than a node sees, not less.
             "--health-probe-interval",
             "0.5",
             "--http-port",
@@ -105,61 +218,31 @@ def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
     try:
         if not kubelet.registered.wait(60):
             raise RuntimeError(f"plugin did not register; see {log.name}")
+        # What the kubelet does after a registration: options, a ListAndWatch stream kept open, then
+        # Allocates on the same connection.
         stub = pb_grpc.DevicePluginStub(grpc.insecure_channel("unix://" + os.path.join(sock, ENDPOINT)))
-        # Allocate latency, one GPU per call, round robin; warm up first.
-        requests = [
-            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[u])])
-            for u in uuids
-        ]
-        for r in requests * 5:
-            stub.Allocate(r)
-        times = []
-        for n in range(allocs):
-            start = time.perf_counter()
-            stub.Allocate(requests[n % len(requests)])
-            times.append(time.perf_counter() - start)
-        server_p99 = server_side_p99(port)
+        stub.GetDevicePluginOptions(pb.Empty())
+        watch = Watch(stub)
+        watch.wait(uuids[0], "Healthy")
+        time.sleep(1)  # let the plugin finish start-up (its GC freeze) before timing
+        result = time_allocates(stub, uuids, allocs, proc.pid)
+        result["server_p99_le_ms"] = server_side_p99(port) * 1000
 
-        # XID -> Unhealthy at the client: a watcher notes when each GPU's health flips.
-        seen: dict[str, str] = {}
-        changed = threading.Condition()
-        stream = stub.ListAndWatch(pb.Empty())
-
-        def watch() -> None:
-            try:
-                for resp in stream:
-                    with changed:
-                        seen.clear()
-                        seen.update({d.ID: d.health for d in resp.devices})
-                        changed.notify_all()
-            except grpc.RpcError:
-                pass
-
-        threading.Thread(target=watch, daemon=True).start()
-
-        def wait_health(uuid: str, health: str) -> float:
-            with changed:
-                if not changed.wait_for(lambda: seen.get(uuid) == health, timeout=30):
-                    raise RuntimeError(f"{uuid} never became {health}")
-            return time.perf_counter()
-
-        wait_health(uuids[0], "Healthy")
+        # XID -> Unhealthy at the client, on that stream.
         latencies = []
         for n in range(xids):
             index = n % len(uuids)
             start = time.perf_counter()
             # `gpu N lost` raises XID 79 on the event set; `ok` lets the probe bring it back next round.
             control.inject(root, ["gpu", str(index), "lost"])
-            latencies.append(wait_health(uuids[index], "Unhealthy") - start)
+            latencies.append(watch.wait(uuids[index], "Unhealthy") - start)
             control.inject(root, ["gpu", str(index), "ok"])
-            wait_health(uuids[index], "Healthy")
-        stream.cancel()
+            watch.wait(uuids[index], "Healthy")
+        watch.stream.cancel()
         time.sleep(2)  # idle
         return {
             "gpus": len(uuids),
-            "alloc_p50_ms": statistics.median(times) * 1000,
-            "alloc_p99_ms": percentile(times, 0.99) * 1000,
-            "server_p99_le_ms": server_p99 * 1000,
+            **result,
             "xid_p50_ms": statistics.median(latencies) * 1000,
             "xid_max_ms": max(latencies) * 1000,
             "rss_mib": rss_mib(proc.pid),
@@ -172,24 +255,52 @@ def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+COLUMNS = (
+    # key, header, width, format
+    ("gpus", "GPUs", 4, "{:.0f}"),
+    ("alloc_p50_ms", "Allocate p50", 12, "{:.3f} ms"),
+    ("alloc_p99_ms", "p99", 9, "{:.3f} ms"),
+    ("slow", ">2ms", 5, "{:.0f}"),
+    ("slow_cpu_wait", "CPU wait", 8, "{:.0f}"),
+    ("server_p99_le_ms", "server p99 <=", 13, "{:.1f} ms"),
+    ("plugin_cpu_ms", "plugin CPU/call", 15, "{:.3f} ms"),
+    ("xid_p50_ms", "XID->Unhealthy p50", 18, "{:.1f} ms"),
+    ("xid_max_ms", "max", 8, "{:.1f} ms"),
+    ("rss_mib", "idle RSS", 9, "{:.1f} MiB"),
+)
+
+
+def row(label: str, r: dict[str, float]) -> str:
+    return f"{label:<18}" + " ".join(f"{fmt.format(r[key]):>{width}}" for key, _, width, fmt in COLUMNS)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("fixtures", nargs="*", default=["dgx-a100", "node-40-gpus"])
     parser.add_argument("--allocs", type=int, default=2000)
     parser.add_argument("--xids", type=int, default=20)
-    args = parser.parse_args()
-    print(
-        f"{'fixture':<14} {'GPUs':>4} {'Allocate p50':>13} {'p99':>9} {'server p99 <=':>14} "
-        f"{'XID->Unhealthy p50':>19} {'max':>9} {'idle RSS':>9}"
+    parser.add_argument("--runs", type=int, default=1, help="runs per fixture; medians are printed too")
+    parser.add_argument(
+        "--realtime", action="store_true", help="run bench and plugin SCHED_FIFO (shielded from other jobs)"
     )
+    args = parser.parse_args()
+    if args.realtime:
+        # Before any thread or the plugin exists: both inherit the policy.
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    print(f"{'':<18}" + " ".join(f"{header:>{width}}" for _, header, width, _ in COLUMNS))
     for fixture in args.fixtures:
-        r = bench(fixture, args.allocs, args.xids)
-        print(
-            f"{fixture:<14} {r['gpus']:>4.0f} {r['alloc_p50_ms']:>10.3f} ms {r['alloc_p99_ms']:>6.3f} ms "
-            f"{r['server_p99_le_ms']:>11.1f} ms {r['xid_p50_ms']:>16.1f} ms {r['xid_max_ms']:>6.1f} ms "
-            f"{r['rss_mib']:>5.1f} MiB"
-        )
-    print(f"load average after the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        results = []
+        for n in range(args.runs):
+            load = os.getloadavg()[0]
+            r = bench(fixture, args.allocs, args.xids)
+            results.append(r)
+            print(row(f"{fixture} #{n + 1}" if args.runs > 1 else fixture, r), f" load {load:.1f}")
+        if args.runs > 1:
+            print(row(f"{fixture} median", {k: statistics.median(r[k] for r in results) for k in results[0]}))
+    print(
+        f"load average after the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        + (" (bench and plugin SCHED_FIFO)" if args.realtime else "")
+    )
     return 0
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import pytest
@@ -22,6 +26,7 @@ from gpufleet.deviceplugin.api import pb, pb_grpc
 from gpufleet.deviceplugin.config import MountSpec
 from gpufleet.deviceplugin.gpumem.resolver import InMemoryCluster
 from gpufleet.deviceplugin.rm.model import HealthEvent, HealthEventKind
+from gpufleet.logs import LOGGER
 
 ENDPOINT = "gpufleet-nvidia.com-gpu.sock"
 
@@ -202,6 +207,61 @@ def test_bad_allocate_is_refused_clearly_and_the_plugin_keeps_answering(
         watcher.cancel()
 
 
+class EventLog(logging.Handler):
+    """Collects (event, fields) from the gpufleet logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append((record.getMessage(), dict(getattr(record, "fields", {}))))
+
+    def named(self, *names: str) -> list[tuple[str, dict[str, Any]]]:
+        return [e for e in self.events if e[0] in names]
+
+
+@contextmanager
+def event_log() -> Iterator[EventLog]:
+    handler, previous = EventLog(), LOGGER.level
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(previous)
+
+
+def test_allocations_are_logged_after_the_answer_and_before_a_refusal(
+    socket_dir: str, kubelet: FakeKubelet
+) -> None:
+    source = FakeSource()
+    uuids = [g.uuid for g in source.inv.gpus]
+    with event_log() as log, running_plugin(make_config(socket_dir), source):
+        s = stub(socket_dir)
+        allocate(s, [uuids[1], uuids[0]], [uuids[2]])
+        # Logged once the answer is sent, so possibly just after the client has it.
+        wait_for(lambda: len(log.named("allocated")) == 2, "two allocated events")
+        with pytest.raises(grpc.RpcError):
+            allocate(s, [uuids[3]], ["GPU-nope"])
+        wait_for(lambda: log.named("allocate_refused"), "the refusal")
+    assert log.named("allocated", "allocate_refused") == [
+        ("allocated", {"resource": "nvidia.com/gpu", "devices": f"{uuids[1]},{uuids[0]}", "count": 2}),
+        ("allocated", {"resource": "nvidia.com/gpu", "devices": uuids[2], "count": 1}),
+        # The first container of the refused request was answered before the second was refused.
+        ("allocated", {"resource": "nvidia.com/gpu", "devices": uuids[3], "count": 1}),
+        (
+            "allocate_refused",
+            {
+                "resource": "nvidia.com/gpu",
+                "code": "INVALID_ARGUMENT",
+                "error": "container request 1: unknown nvidia.com/gpu device(s): GPU-nope",
+            },
+        ),
+    ]
+
+
 def test_unhealthy_error_names_gpu_and_reason(socket_dir: str, kubelet: FakeKubelet) -> None:
     source = FakeSource()
     uuid = source.inv.gpus[1].uuid
@@ -347,3 +407,34 @@ def _get(request_module, port: int, path: str) -> str:  # type: ignore[no-untype
             return resp.read().decode()
     except OSError:
         return ""
+
+
+def test_gc_is_frozen_once_the_plugin_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import gc
+
+    from gpufleet.deviceplugin import app as app_module
+
+    calls: list[str] = []
+
+    def collect(*args: Any) -> int:
+        calls.append("collect")
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+
+    class Starting:
+        def __init__(self) -> None:
+            self.ready = asyncio.Event()
+
+    async def scenario() -> None:
+        app = Starting()
+        task = asyncio.create_task(app_module.freeze_after_start(app))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        assert calls == []  # still starting: nothing frozen yet
+        app.ready.set()
+        await task
+
+    asyncio.run(scenario())
+    assert calls == ["collect", "freeze"]

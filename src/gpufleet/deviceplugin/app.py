@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import sys
 from collections.abc import Sequence
@@ -156,12 +157,29 @@ class App:
         return publisher
 
 
+async def freeze_after_start(app: App) -> None:
+    """Once serving, move everything start-up created out of the cyclic GC's sight (`gc.freeze`).
+
+    Start-up leaves ~35,000 tracked objects (grpc, protobuf, pynvml, the inventory). Left in the oldest
+    generation, every full collection walks them all: a pause of the event loop of several milliseconds
+    (5-12 ms on a loaded 2-core machine) that lands on whatever RPC is in flight. Frozen, a full
+    collection only walks what was created since. The price: frozen objects that later become garbage
+    inside reference cycles are never freed. Start-up objects live as long as the process, except the
+    gRPC server replaced after a kubelet restart, whose cyclic remains (if any) stay, once per restart.
+    """
+    await app.ready.wait()
+    gc.collect()
+    gc.freeze()
+
+
 async def _serve(cfg: configuration.Config) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = App(cfg)
+    # Process-wide, so here rather than in App (tests run Apps inside the pytest process).
+    freezing = asyncio.create_task(freeze_after_start(app))
     log_event(
         "starting",
         resources=",".join(r.name for r in cfg.resources()),
@@ -179,6 +197,8 @@ async def _serve(cfg: configuration.Config) -> int:
     except StartupError as exc:
         log_event("startup_failed", level="error", error=str(exc))
         return EXIT_STARTUP
+    finally:
+        freezing.cancel()
     return 0
 
 

@@ -157,15 +157,16 @@ class ResourceManager:
 
     def check_request(self, resource: str, ids: Sequence[str], require_healthy: bool = True) -> list[GpuInfo]:
         """The GPUs behind one container's device IDs, in index order; raise a RequestError if refused."""
+        # Called on the event loop for every Allocate: no copies of per-GPU state, only lookups of the
+        # requested IDs (the state object is replaced, never mutated, on rediscovery).
         with self._lock:
-            inventory = self._state.inventory
-            health = self._state.tracker.snapshot()
-            known = self._state.known.get(resource, frozenset())
+            state = self._state
+        inventory = state.inventory
+        known = state.known.get(resource, frozenset())
         if inventory is None:
-            raise NotReady(f"GPUs not discovered yet: {self._state.last_error or 'NVML unavailable'}")
+            raise NotReady(f"GPUs not discovered yet: {state.last_error or 'NVML unavailable'}")
         if not ids:
             raise InvalidRequest("container request has no device IDs")
-        gpus = inventory.by_uuid()
         if len(ids) > len(known):
             raise InvalidRequest(
                 f"{len(ids)} device IDs requested but {resource} has only {len(known)} devices"
@@ -176,12 +177,15 @@ class ResourceManager:
         unknown = [d for d in ids if d not in known]
         if unknown:
             raise InvalidRequest(f"unknown {resource} device(s): {_listing(unknown)}")
-        sick = [d for d in ids if not health.get(gpu_of(d), GpuHealth()).healthy]
+        chosen = {gpu_of(d) for d in ids}
+        with self._lock:
+            health = {u: state.tracker.get(u) for u in chosen}
+        sick = [d for d in ids if not health[gpu_of(d)].healthy]
         if sick and require_healthy:
+            gpus = inventory.by_uuid()
             reasons = {gpu_of(d): health[gpu_of(d)].reason for d in sick}
             detail = "; ".join(f"{gpus[u].index} ({u}): {r}" for u, r in reasons.items())
             raise DeviceUnhealthy(f"unhealthy device(s) {_listing(sick)}; GPU {detail}")
-        chosen = {gpu_of(d) for d in ids}
         return [g for g in inventory.gpus if g.uuid in chosen]
 
     def preferred(self, resource: str, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
