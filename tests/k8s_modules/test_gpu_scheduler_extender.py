@@ -15,10 +15,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from labstack import LabStack, run_tasks, timed
-from static_pod import StaticPodRunner, write_kubeadm_manifest
 
 from gpufleet.extender.schedconfig import SchedulerConfigOptions, render
 from gpufleet.lab.process import free_ports
+from gpufleet.lab.staticpod import StaticPodRunner, write_kubeadm_manifest
 
 pytestmark = pytest.mark.cluster
 

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from labstack import REPO, SIM_DIR, LabStack, ensure_collection_link, timed
-from static_pod import StaticPodRunner, write_kubeadm_manifest
 
 from gpufleet.lab.process import free_ports
+from gpufleet.lab.staticpod import StaticPodRunner, write_kubeadm_manifest
 
 pytestmark = pytest.mark.cluster
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 from labstack import REPO, ensure_collection_link
-from static_pod import write_kubeadm_manifest
+
+from gpufleet.lab.staticpod import write_kubeadm_manifest
 
 ensure_collection_link()
 sys.path.insert(0, str(REPO / ".cache" / "collections"))

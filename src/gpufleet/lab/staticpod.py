@@ -1,9 +1,9 @@
 """What the kubelet does with a static pod manifest, for kube-scheduler on a lab host: run the manifest's
 command, and when the manifest changes stop the old process and start the new one.
 
-The lab's kubelet runs no static pods, and the extender module's scheduler part waits for exactly this
-restart (a kube-scheduler process with the new ``--config`` that answers /healthz), so the tests play the
-kubelet's part with the real kube-scheduler binary.
+The lab runs no kubelet on its control plane, and the extender module's scheduler part waits for exactly
+this restart (a kube-scheduler process with the new ``--config`` that answers /healthz), so the lab (and the
+module tests) play the kubelet's part with the real kube-scheduler binary.
 """
 
 from __future__ import annotations
