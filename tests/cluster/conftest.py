@@ -1,14 +1,15 @@
 """Fixtures for tests against a real Kubernetes 1.20 control plane and kubelet (``gpufleet.lab``).
 
-One lab per test session: ``control_plane`` (~5 s) and ``kubelet_node`` (~20 s) start on first use and
-stop at session end. Schedulers, fake nodes and namespaces are per test. Needs root and the binaries
-built from Debian's source (``python -m gpufleet.lab.k8s_build``; a cold build takes ~8 min and is cached).
-Set ``GPUFLEET_LAB_KEEP=1`` to keep the lab directory (logs, configs) after the run.
+The lab is the session's shared one (fixture ``stack`` in tests/conftest.py, also used by tests/k8s_modules
+and tests/validation): ``control_plane`` (~5 s) starts on first use, ``kubelet_node`` (~20 s) adds this
+folder's ``lab-node`` to it; both stop at session end. Schedulers, fake nodes and namespaces are per test,
+and so is every change a test makes to ``lab-node`` (labels, annotations, plugins): the node and the
+control plane outlive the test and are shared with the other folders' tests.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -17,78 +18,58 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
+from labstack import LabStack
 
-from gpufleet.lab.cluster import ControlPlane, Lab, Scheduler
-from gpufleet.lab.k8s_build import BuildError, K8sArtifacts, ensure_k8s
+from gpufleet.lab.cluster import DEFAULT_SCHEDULER, ControlPlane, Lab, Scheduler
 from gpufleet.lab.node import KubeletNode
 from gpufleet.lab.process import wait_for
 
-TIMINGS: dict[str, float] = {}
 
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print how long the lab took to come up (build/cache, control plane, node Ready)."""
-    if TIMINGS:
-        parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in TIMINGS.items())
-        terminalreporter.write_line(f"gpufleet lab timings: {parts}")
+@pytest.fixture(scope="session")
+def lab(stack: LabStack) -> Lab:
+    """The session lab's directory and processes (see ``stack``); stopped and removed at session end."""
+    return stack.lab
 
 
 @pytest.fixture(scope="session")
-def k8s_binaries() -> K8sArtifacts:
-    """The cached Kubernetes 1.20 build, built now if missing; fails (never skips) when it cannot be."""
-    if os.geteuid() != 0:
-        pytest.fail("cluster tests need root (namespaces, mounts, veth, cgroups)")
-    started = time.monotonic()
-    try:
-        artifacts = ensure_k8s()
-    except BuildError as err:
-        pytest.fail(f"Kubernetes binaries unavailable: {err}")
-    TIMINGS["k8s binaries"] = time.monotonic() - started
-    return artifacts
-
-
-@pytest.fixture(scope="session")
-def lab(k8s_binaries: K8sArtifacts) -> Iterator[Lab]:
-    """The session's lab directory; everything started in it is stopped and removed at the end."""
-    with Lab(k8s_binaries, keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1") as the_lab:
-        yield the_lab
-
-
-@pytest.fixture(scope="session")
-def control_plane(lab: Lab) -> ControlPlane:
+def control_plane(stack: LabStack) -> ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager (nodelifecycle off) on free loopback ports."""
-    started = time.monotonic()
-    cp = lab.start_control_plane()
-    TIMINGS["control plane up"] = time.monotonic() - started
-    return cp
+    return stack.control_plane
 
 
 @pytest.fixture(scope="session")
-def kubelet_node(lab: Lab, control_plane: ControlPlane) -> KubeletNode:
+def kubelet_node(stack: LabStack, lab: Lab, control_plane: ControlPlane) -> KubeletNode:
     """A real kubelet + dockerd node, Ready and untainted; device plugins go in ``.device_plugin_dir``."""
     started = time.monotonic()
     node = lab.start_kubelet_node("lab-node", labels={"gpufleet.io/lab-node": "true"})
-    TIMINGS["kubelet node Ready"] = time.monotonic() - started
+    stack.timings["kubelet node lab-node Ready"] = time.monotonic() - started
     return node
 
 
 @pytest.fixture
-def scheduler_factory(lab: Lab, control_plane: ControlPlane) -> Iterator[Callable[..., Scheduler]]:
+def scheduler_factory(
+    stack: LabStack, lab: Lab, control_plane: ControlPlane
+) -> Iterator[Callable[..., Scheduler]]:
     """``scheduler_factory(extender_config=None, scheduler_name="default-scheduler")`` -> running scheduler.
 
     ``extender_config``: a path to YAML, a mapping with an ``extenders`` list, or the list. Every scheduler
-    started through the factory stops when the test ends.
+    started through the factory stops when the test ends. While the test runs a ``default-scheduler`` of
+    its own, the lab's (``stack.scheduler()``, if started) is paused, so only the test's places pods.
     """
     started: list[Scheduler] = []
+    paused = contextlib.ExitStack()
 
-    def factory(extender_config: Any = None, scheduler_name: str = "default-scheduler") -> Scheduler:
+    def factory(extender_config: Any = None, scheduler_name: str = DEFAULT_SCHEDULER) -> Scheduler:
+        if scheduler_name == DEFAULT_SCHEDULER:
+            paused.enter_context(stack.scheduler_paused())
         scheduler = lab.start_scheduler(extender_config, scheduler_name)
         started.append(scheduler)
         return scheduler
 
-    yield factory
-    for scheduler in started:
-        scheduler.stop()
+    with paused:
+        yield factory
+        for scheduler in started:
+            scheduler.stop()
 
 
 @pytest.fixture
@@ -153,6 +134,6 @@ def namespace(core: k8s.CoreV1Api) -> Iterator[str]:
 
 
 @pytest.fixture
-def lab_timings() -> dict[str, float]:
+def lab_timings(stack: LabStack) -> dict[str, float]:
     """Wall times a test adds to the lab's terminal summary (``name -> seconds``)."""
-    return TIMINGS
+    return stack.timings

@@ -1,5 +1,9 @@
-"""A lab cluster for gpufleet's Kubernetes modules and validation suites: control plane, two real kubelet
-nodes with simulated GPUs, the gpufleet image in their dockerd, and the glue pods need in the lab.
+"""The test session's Kubernetes lab: control plane, two real kubelet nodes with simulated GPUs, the gpufleet
+image in their dockerd, and the glue pods need in the lab.
+
+One ``LabStack`` per test process (the session fixture ``stack`` in tests/conftest.py) serves tests/cluster,
+tests/k8s_modules and tests/validation: tests/cluster adds its own ``lab-node`` kubelet and per-test
+schedulers to the same control plane. Pieces start on first use.
 
 Nodes (``LabStack.nodes()``):
 
@@ -40,7 +44,7 @@ import yaml
 
 from gpufleet.lab.cluster import ControlPlane, Lab, Scheduler
 from gpufleet.lab.images import LabImage, ensure_lab_image, load_into
-from gpufleet.lab.k8s_build import ensure_k8s
+from gpufleet.lab.k8s_build import K8sArtifacts, ensure_k8s
 from gpufleet.lab.node import KubeletNode
 from gpufleet.sim import machine as simmachine
 
@@ -153,6 +157,7 @@ class LabStack:
     """One lab for the session; pieces start on first use."""
 
     sim_lib: Path
+    artifacts: K8sArtifacts | None = None
     timings: dict[str, float] = field(default_factory=dict)
     _lab: Lab | None = None
     _cp: ControlPlane | None = None
@@ -167,7 +172,8 @@ class LabStack:
     def lab(self) -> Lab:
         if self._lab is None:
             started = time.monotonic()
-            self._lab = Lab(ensure_k8s(), keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1")
+            artifacts = self.artifacts or ensure_k8s()
+            self._lab = Lab(artifacts, keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1")
             self.timings["k8s binaries + lab dir"] = time.monotonic() - started
         return self._lab
 
@@ -218,6 +224,21 @@ class LabStack:
         self._scheduler_config = extenders
         self.timings.setdefault("scheduler healthy", time.monotonic() - started)
         return self._scheduler
+
+    @contextlib.contextmanager
+    def scheduler_paused(self) -> Iterator[None]:
+        """No lab default-scheduler while the block runs (a test runs its own under that name); the
+        lab's comes back afterwards with the configuration it had. Nothing to do if none runs."""
+        if self._scheduler is None:
+            yield
+            return
+        config = self._scheduler_config
+        self._scheduler.stop()
+        self._scheduler = None
+        try:
+            yield
+        finally:
+            self.scheduler(config)
 
     def expose_probe_port(self, port: int) -> None:
         """Forward ``node IP:port`` (where the kubelet probes host-network pods) into each node's dockerd."""

@@ -70,33 +70,39 @@ def test_least_privilege_token_gets_forbidden_naming_verb_and_resource(
         "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": ns}],
     }
     rbac_api.create_cluster_role_binding(binding)  # type: ignore[arg-type]
-    cp = stack.control_plane
-    task = {
-        "gpufleet.nvidia.gpu_device_plugin": {
-            "host": cp.url,
-            "api_key": token,
-            "ca_cert": str(cp.ca_file),
-            "namespace": ns,
-            "name": "dp-" + ns,
-            "wait": False,
+    try:
+        cp = stack.control_plane
+        task = {
+            "gpufleet.nvidia.gpu_device_plugin": {
+                "host": cp.url,
+                "api_key": token,
+                "ca_cert": str(cp.ca_file),
+                "namespace": ns,
+                "name": "dp-" + ns,
+                "wait": False,
+            }
         }
-    }
-    run = run_tasks([task], tmp_path, args=["-vvv"], json_output=False)
-    assert run.rc == 2, run.output
-    assert "forbidden: create clusterroles.rbac.authorization.k8s.io at cluster scope" in run.output
-    assert "cannot create resource" in run.output
-    assert token not in run.output
-    structured = run_tasks([task], tmp_path)
-    result = structured.task()
-    assert result["failed"] and result["msg"].startswith(
-        "forbidden: create clusterroles.rbac.authorization.k8s.io"
-    )
-    # what was done before the failure is reported: the first run created the account, the namespace was there
-    assert [(o["kind"], o["action"]) for o in result["objects"]] == [
-        ("Namespace", "unchanged"),
-        ("ServiceAccount", "unchanged"),
-    ]
-    assert token not in structured.output
+        run = run_tasks([task], tmp_path, args=["-vvv"], json_output=False)
+        assert run.rc == 2, run.output
+        assert "forbidden: create clusterroles.rbac.authorization.k8s.io at cluster scope" in run.output
+        assert "cannot create resource" in run.output
+        assert token not in run.output
+        structured = run_tasks([task], tmp_path)
+        result = structured.task()
+        assert result["failed"] and result["msg"].startswith(
+            "forbidden: create clusterroles.rbac.authorization.k8s.io"
+        )
+        # what was done before the failure is reported: the first run created the account, the namespace
+        # was there
+        assert [(o["kind"], o["action"]) for o in result["objects"]] == [
+            ("Namespace", "unchanged"),
+            ("ServiceAccount", "unchanged"),
+        ]
+        assert token not in structured.output
+    finally:  # the lab is shared with other tests: leave no RBAC objects or namespace behind
+        rbac_api.delete_cluster_role_binding(ns)
+        rbac_api.delete_cluster_role(ns)
+        stack.control_plane.core_v1().delete_namespace(ns)
 
 
 def test_unreachable_api_server_is_named(stack: LabStack, tmp_path: Path) -> None:

@@ -7,17 +7,21 @@ whole-GPU plugin is removed and the cluster suite fails naming gpu-a.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 from labstack import SIM_DIR, LabStack, run_tasks, timed, wait_until
 from validation_run import validate
 
 pytestmark = pytest.mark.cluster
 
 DP = "gpufleet.nvidia.gpu_device_plugin"
+NAMESPACE = "gpufleet-system"
 EXT = "gpufleet.nvidia.gpu_scheduler_extender"
 
 
@@ -27,7 +31,7 @@ def _plugin_args(
     return {
         "kubeconfig": str(stack.control_plane.kubeconfig()),
         "name": name,
-        "namespace": "gpufleet-system",
+        "namespace": NAMESPACE,
         "image": stack.image.name,
         "image_pull_policy": "Never",
         "host_network": True,
@@ -42,8 +46,9 @@ def _plugin_args(
 
 
 @pytest.fixture(scope="module")
-def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Both plugins, the extender and the scheduler configured for it, through the modules."""
+def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Both plugins, the extender and the scheduler configured for it, through the modules; all removed
+    and the lab's scheduler back without the extender afterwards (the lab is shared with other folders)."""
     tmp = tmp_path_factory.mktemp("deploy")
     nodes = stack.nodes()
     stack.expose_probe_port(8800)
@@ -71,12 +76,28 @@ def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> dict[
         "scheduler_config": {"url": f"http://{nodes['gpu-a'].node.peer_ip}:8800/gpufleet"},
         "wait_timeout": 120,
     }
-    with timed(stack.timings, "deploy both plugins + extender (3 module tasks)"):
-        run = run_tasks([{DP: whole}, {DP: memory}, {EXT: extender}], tmp)
-    for result in run.results:
-        assert not result.get("failed"), result.get("msg")
-    stack.scheduler(str(config_file))  # the lab's kube-scheduler, now calling the extender
-    return {"whole": whole, "memory": memory, "tmp": tmp}
+    try:
+        with timed(stack.timings, "deploy both plugins + extender (3 module tasks)"):
+            run = run_tasks([{DP: whole}, {DP: memory}, {EXT: extender}], tmp)
+        for result in run.results:
+            assert not result.get("failed"), result.get("msg")
+        stack.scheduler(str(config_file))  # the lab's kube-scheduler, now calling the extender
+        yield {"whole": whole, "memory": memory, "tmp": tmp}
+    finally:
+        stack.scheduler()  # the lab's kube-scheduler as it was: no extender
+        # Removed without waiting for the namespace to be finalized (a minute or more on a busy machine):
+        # what matters to the next test is that no plugin or extender pod is left.
+        absent = {"state": "absent", "wait": False}
+        with timed(stack.timings, "remove both plugins + extender"):
+            undo = run_tasks([{EXT: {**extender, **absent}}, {DP: {**memory, **absent}},
+                              {DP: {**whole, **absent}}], tmp)  # fmt: skip
+            for result in undo.results:
+                assert not result.get("failed"), result.get("msg")
+            core = stack.control_plane.core_v1()
+            with contextlib.suppress(ApiException):  # 404: the modules removed it already
+                core.delete_namespace(NAMESPACE)
+            wait_until(f"no pod left in {NAMESPACE}",
+                       lambda: not core.list_namespaced_pod(NAMESPACE).items, 180)  # fmt: skip
 
 
 def _expectations(stack: LabStack) -> dict[str, Any]:
