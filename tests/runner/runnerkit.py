@@ -14,17 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from labstack import ensure_collection_link  # noqa: F401 - re-exported; tests/k8s_modules is on sys.path (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
-
-
-def ensure_collection_link() -> None:
-    """The link ansible.cfg's collections_path expects (what `make bootstrap` creates)."""
-    link = REPO / ".cache/collections/ansible_collections/gpufleet/nvidia"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("../../../..", target_is_directory=True)
 
 
 @dataclass
