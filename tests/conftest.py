@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -218,8 +219,6 @@ def stack(sim_lib: Path) -> Iterator[LabStack]:
     cluster (objects, node labels, the lab's scheduler) undo it: the next test may be from another folder.
     Set ``GPUFLEET_LAB_KEEP=1`` to keep the lab directory (logs, configs) after the run.
     """
-    import time
-
     from labstack import LabStack
 
     from gpufleet.lab.k8s_build import BuildError, ensure_k8s
