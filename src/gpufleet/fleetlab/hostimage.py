@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from gpufleet.testhosts.images import ImageSpec, build_image
+from gpufleet.testhosts.images import ImageSpec, build_image, image_key
 from gpufleet.testhosts.podman import podman
 
 REPOSITORY = "localhost/gpufleet-labhost"
@@ -53,7 +53,7 @@ def ensure_host_image() -> str:
     build_image(base)
     key = _key(base.key())
     name = f"{REPOSITORY}:{key}"
-    if image_key_of(name) == key:
+    if image_key(name, KEY_LABEL) == key:
         return name
     builder = f"gpufleet-labhost-build-{key}"
     podman("rm", "-f", builder, check=False)
@@ -73,13 +73,6 @@ def ensure_host_image() -> str:
     finally:
         podman("rm", "-f", builder, check=False)
     return name
-
-
-def image_key_of(name: str) -> str | None:
-    result = podman("image", "inspect", "--format", "{{json .Labels}}", name, check=False)
-    if result.returncode != 0:
-        return None
-    return (json.loads(result.stdout.strip() or "null") or {}).get(KEY_LABEL)
 
 
 __all__ = ["REPOSITORY", "ensure_host_image"]

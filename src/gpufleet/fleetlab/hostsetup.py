@@ -20,11 +20,11 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from gpufleet.lab import oci_runtime
 from gpufleet.lab.node import BUSYBOX_IMAGE, PAUSE_IMAGE
+from gpufleet.lab.process import LabError, wait_for
 from gpufleet.sim import machine as simmachine
 from gpufleet.testhosts.podman import podman
 
@@ -131,13 +131,12 @@ def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None)
     result = podman(*argv, image, "/sbin/init", check=False)
     if result.returncode != 0:
         raise HostError(f"podman run {name}: {result.stderr.strip()}")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        state = exec_in(name, "systemctl", "is-system-running", check=False).strip()
-        if state in ("running", "degraded"):
-            return
-        time.sleep(0.5)
-    raise HostError(f"{name}: systemd did not finish booting in 120 s (state {state!r})")
+    try:
+        wait_for(f"{name}: systemd to finish booting",
+                 lambda: exec_in(name, "systemctl", "is-system-running", check=False).strip()
+                 in ("running", "degraded"), 120, interval=0.5)  # fmt: skip
+    except LabError as err:
+        raise HostError(str(err)) from None
 
 
 # -- the simulated driver --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -317,8 +318,6 @@ def down(spec: LabSpec, *, progress: Callable[[str], None] = print) -> list[str]
         inventory.unlink()
         removed.append(f"inventory {inventory}")
     if spec.state_dir.exists():
-        import shutil
-
         shutil.rmtree(spec.state_dir, ignore_errors=True)
         removed.append(f"state {spec.state_dir}")
     for item in removed:

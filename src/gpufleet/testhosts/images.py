@@ -68,13 +68,13 @@ class ImageSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def image_key(name: str) -> str | None:
-    """The content key label of a local image, or None when the image does not exist."""
+def image_key(name: str, label: str = KEY_LABEL) -> str | None:
+    """The content key ``label`` of a local image, or None when the image does not exist."""
     result = podman("image", "inspect", "--format", "{{json .Labels}}", name, check=False)
     if result.returncode != 0:
         return None
     labels = json.loads(result.stdout.strip() or "null") or {}
-    return labels.get(KEY_LABEL)
+    return labels.get(label)
 
 
 def _debootstrap(spec: ImageSpec, rootfs: Path) -> None:
