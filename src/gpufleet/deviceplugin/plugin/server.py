@@ -170,7 +170,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         """Per container: the GPUs' environment, device nodes, mounts (or the hand-off for GPU memory)."""
         started = time.perf_counter()
-        code = "OK"
         granted: list[list[str]] = []
         try:
             resp = pb.AllocateResponse()
@@ -189,23 +188,29 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             # before the loop runs the next callback, so formatting and writing the lines (about half of
             # this handler's own time) is not part of the kubelet's wait.
             asyncio.get_running_loop().call_soon(self._log_allocated, granted)
+            self._count_allocate("OK", started)
             return resp
         except RequestError as exc:
             # Containers before the refused one were answered (a GPU-memory hand-off is even recorded).
             self._log_allocated(granted)
             status = status_for(exc)
-            code = status.name
-            log_event("allocate_refused", level="warning", resource=self.spec.name, code=code, error=str(exc))
+            log_event(
+                "allocate_refused", level="warning", resource=self.spec.name, code=status.name, error=str(exc)
+            )
+            # Counted before the abort: the status can reach the caller before anything after it runs.
+            self._count_allocate(status.name, started)
             await context.abort(status, str(exc))
             raise  # abort raises; this keeps type checkers aware that nothing is returned
         except Exception:
             self._log_allocated(granted)
+            self._count_allocate("UNKNOWN", started)
             raise
-        finally:
-            self.metrics.inc("gpufleet_dp_allocate_total", resource=self.spec.name, code=code)
-            self.metrics.observe(
-                "gpufleet_dp_allocate_seconds", time.perf_counter() - started, resource=self.spec.name
-            )
+
+    def _count_allocate(self, code: str, started: float) -> None:
+        self.metrics.inc("gpufleet_dp_allocate_total", resource=self.spec.name, code=code)
+        self.metrics.observe(
+            "gpufleet_dp_allocate_seconds", time.perf_counter() - started, resource=self.spec.name
+        )
 
     def _log_allocated(self, granted: list[list[str]]) -> None:
         for ids in granted:
