@@ -204,8 +204,8 @@ def test_mps_limits_memory_and_threads_and_mounts_the_pipe() -> None:
     assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert resp.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     assert {(m.host_path, m.container_path) for m in resp.mounts} == {
-        ("/run/nvidia/mps", "/tmp/nvidia-mps"),
-        ("/var/log/nvidia/mps", "/var/log/nvidia-mps"),
+        ("/run/nvidia-mps", "/tmp/nvidia-mps"),
+        ("/var/log/nvidia-mps", "/var/log/nvidia-mps"),
     }
 
 

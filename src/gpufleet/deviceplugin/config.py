@@ -64,8 +64,8 @@ class Config:
     sharing_time_slicing_rename: str = ""
     sharing_memory_resource_name: str = GPU_MEM_RESOURCE
     sharing_memory_mps: bool = False
-    sharing_memory_mps_pipe_dir: str = "/run/nvidia/mps"
-    sharing_memory_mps_log_dir: str = "/var/log/nvidia/mps"
+    sharing_memory_mps_pipe_dir: str = "/run/nvidia-mps"
+    sharing_memory_mps_log_dir: str = "/var/log/nvidia-mps"
     sharing_memory_mps_container_pipe_dir: str = "/tmp/nvidia-mps"
     sharing_memory_mps_container_log_dir: str = "/var/log/nvidia-mps"
     labels_enabled: bool = True

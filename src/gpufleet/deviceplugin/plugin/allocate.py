@@ -28,8 +28,8 @@ class AllocateOptions:
     cdi_enabled: bool = False
     cdi_kind: str = "nvidia.com/gpu"
     mps: bool = False
-    mps_pipe_dir: str = "/run/nvidia/mps"
-    mps_log_dir: str = "/var/log/nvidia/mps"
+    mps_pipe_dir: str = "/run/nvidia-mps"
+    mps_log_dir: str = "/var/log/nvidia-mps"
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
     mps_container_log_dir: str = "/var/log/nvidia-mps"
 
