@@ -5,11 +5,10 @@ side: ``molecule_runs`` starts every selected scenario when the first scenario t
 (by the wall times recorded in the test-host state dir), at most ``GPUFLEET_MOLECULE_JOBS`` at once
 (default 3; 1 runs them one by one), and each ``test_scenario`` waits for its own.
 
-Scenarios with a privileged test host never overlap one another. On these build machines (cgroup v1, podman
-with cgroupfs), stopping a privileged systemd container removes the systemd cgroup of every other running
-privileged container: each later ``podman exec`` into those fails with exit 127 ("OCI runtime attempted to
-invoke a command that was not found"), which Ansible reports as UNREACHABLE. Unprivileged hosts are not
-affected, either way.
+Scenarios with a privileged test host never overlap one another: they are the heaviest. (On cgroup v1
+machines stopping one privileged systemd host used to remove the others' systemd cgroups, so that every
+later ``podman exec`` into them exited 127; the test hosts' init wrapper fixed that, see
+tests/hosts/test_host_cgroups.py and docs/testing.md.)
 """
 
 from __future__ import annotations

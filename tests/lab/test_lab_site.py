@@ -25,9 +25,9 @@ from gpufleet.fleetlab import lab as fleetlab
 from gpufleet.fleetlab.spec import LabSpec
 from gpufleet.testhosts.podman import podman
 
-# In the molecule group (tests/conftest.py): the lab's hosts are privileged systemd containers; on cgroup v1
-# machines stopping one such container breaks `podman exec` into every other (docs/testing.md), so the lab
-# runs after the molecule scenarios on their worker, never beside them.
+# In the molecule group (tests/conftest.py): the lab's three privileged hosts are the heaviest job of the
+# run, so it runs after the molecule scenarios on their worker, not beside them (docs/testing.md; since the
+# test hosts' init wrapper, privileged hosts no longer break each other, tests/hosts/test_host_cgroups.py).
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.xdist_group("molecule")]
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from gpufleet.testhosts.images import ImageSpec, build_image, image_key
+from gpufleet.testhosts.images import INIT_WRAPPER, ImageSpec, build_image, image_key
 from gpufleet.testhosts.podman import podman
 
 REPOSITORY = "localhost/gpufleet-labhost"
@@ -68,7 +68,7 @@ def ensure_host_image() -> str:
                         check=False)  # fmt: skip
         if result.returncode != 0:
             raise RuntimeError(f"building {name} failed: {(result.stderr or result.stdout)[-2000:]}")
-        podman("commit", "--change", 'CMD ["/sbin/init"]', "--change", "STOPSIGNAL SIGRTMIN+3",
+        podman("commit", "--change", f'CMD ["{INIT_WRAPPER}"]', "--change", "STOPSIGNAL SIGRTMIN+3",
                "--change", f"LABEL {KEY_LABEL}={key}", builder, name)  # fmt: skip
     finally:
         podman("rm", "-f", builder, check=False)

@@ -26,6 +26,7 @@ from gpufleet.lab import oci_runtime
 from gpufleet.lab.node import BUSYBOX_IMAGE, PAUSE_IMAGE
 from gpufleet.lab.process import LabError, wait_for
 from gpufleet.sim import machine as simmachine
+from gpufleet.testhosts.images import INIT_WRAPPER
 from gpufleet.testhosts.podman import podman
 
 from .spec import EXTENDER_PORT, LABEL, SIM_DIR, HostSpec, LabSpec
@@ -128,7 +129,7 @@ def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None)
     ]  # fmt: skip
     if extender_port is not None:
         argv += ["-p", f"127.0.0.1:{extender_port}:{EXTENDER_PORT}"]
-    result = podman(*argv, image, "/sbin/init", check=False)
+    result = podman(*argv, image, INIT_WRAPPER, check=False)
     if result.returncode != 0:
         raise HostError(f"podman run {name}: {result.stderr.strip()}")
     try:

@@ -23,7 +23,7 @@ from gpufleet.testhosts.workspace import require_tools, state_dir
 IMAGE_REPOSITORY = "localhost/gpufleet-testhost"
 KEY_LABEL = "io.gpufleet.testhost.key"
 # Bump when the build steps below change in a way the key does not capture.
-BUILDER_REVISION = 2
+BUILDER_REVISION = 3
 # sudo: playbooks use become, as on real fleets.
 DEFAULT_INCLUDE = ("systemd", "systemd-sysv", "python3", "dbus", "ca-certificates", "sudo")
 DEBIAN_SUITES = ("bookworm", "trixie")
@@ -94,7 +94,31 @@ def _debootstrap(spec: ImageSpec, rootfs: Path) -> None:
     )
 
 
+# PID 1 of a test host. On a cgroup v1 machine podman's systemd mode mounts the whole name=systemd
+# hierarchy over /sys/fs/cgroup/systemd, so every host's systemd would put its units in the *same*
+# /system.slice at the machine's root, and stopping one host reached into the others' cgroups. A host that
+# may mount (privileged, in its own cgroup namespace) swaps that for a fresh mount whose root is its own
+# cgroup; any other host boots as before.
+INIT_WRAPPER = "/usr/local/sbin/gpufleet-init"
+INIT_WRAPPER_TEXT = """#!/bin/sh
+# gpufleet test host PID 1 (gpufleet.testhosts.images): own name=systemd cgroup, then systemd.
+d=/sys/fs/cgroup/systemd
+if [ -d /sys/fs/cgroup/cpu ] && [ "$(stat -f -c %T "$d" 2>/dev/null)" = cgroupfs ] \\
+        && grep -q ' - cgroup cgroup rw,name=systemd$' /proc/self/mountinfo \\
+        && grep -q '^0::/$' /proc/self/cgroup && umount "$d/release_agent" 2>/dev/null; then
+    while mountpoint -q "$d"; do umount -l "$d" || break; done
+    mount -t cgroup -o rw,nosuid,nodev,noexec,none,name=systemd cgroup "$d" \\
+        || echo "gpufleet-init: cannot mount the name=systemd hierarchy" >&2
+fi
+exec /sbin/init "$@"
+"""
+
+
 def _finish_rootfs(rootfs: Path) -> None:
+    wrapper = rootfs / INIT_WRAPPER.lstrip("/")
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(INIT_WRAPPER_TEXT)
+    wrapper.chmod(0o755)
     # Each container must generate its own machine-id (systemd does so when the file is empty).
     (rootfs / "etc/machine-id").write_text("")
     for stale in (rootfs / "var/cache/apt/archives").glob("*.deb"):
@@ -133,7 +157,7 @@ def build_image(spec: ImageSpec, force: bool = False) -> str:
                 "podman",
                 "import",
                 "--change",
-                'CMD ["/sbin/init"]',
+                f'CMD ["{INIT_WRAPPER}"]',
                 "--change",
                 "STOPSIGNAL SIGRTMIN+3",
                 "--change",
