@@ -1,7 +1,7 @@
 """Lab figures: `gpufleet lab up`, the first `site.yml`, and no-op re-converges, for 1, 3 and 6 hosts, with
 the Ansible settings that matter for a no-op run side by side (pipelining, forks, fact caching).
 
-    python bench/lab_bench.py [--hosts 1,3,6] [--skip-variants]
+    python bench/lab_bench.py [--hosts 1,3,6] [--variants-at 3] [--skip-variants]
 
 Each size gets its own lab (name ``bench<N>``, state in a temporary directory), which is taken down after.
 Prints one table; nothing here is a test. Needs root, podman and the caches `make test` fills.
@@ -92,12 +92,18 @@ def main() -> int:
     )
     parser.add_argument("--hosts", default="1,3,6", help="lab sizes, comma-separated")
     parser.add_argument("--skip-variants", action="store_true", help="only the default settings")
+    parser.add_argument(
+        "--variants-at", default="", metavar="N,...", help="sizes measured with every setting (default: all)"
+    )
     args = parser.parse_args()
+    variants_at = {int(c) for c in args.variants_at.split(",") if c}
     logs = Path(tempfile.mkdtemp(prefix="gpufleet-bench-lab-logs-"))
-    print(f"{'hosts':>5}  {'what':<52} {'seconds':>8}  note")
+    print(f"{'hosts':>5}  {'what':<52} {'seconds':>8}  note", flush=True)
     for count in [int(c) for c in args.hosts.split(",")]:
-        for what, seconds, note in measure(count, not args.skip_variants, logs):
-            print(f"{count:>5}  {what:<52} {seconds:>8.1f}  {note}", flush=True)
+        variants = not args.skip_variants and (not variants_at or count in variants_at)
+        for what, seconds, note in measure(count, variants, logs):
+            load = os.getloadavg()[0]
+            print(f"{count:>5}  {what:<52} {seconds:>8.1f}  {note} (load {load:.1f})", flush=True)
     print(f"logs: {logs}")
     return 0
 
