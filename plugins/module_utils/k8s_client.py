@@ -37,7 +37,8 @@ except ImportError as _err:  # reported by the modules through missing_required_
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
-# Options shared by every gpufleet module that talks to Kubernetes (merged into argument_spec).
+# Options shared by every gpufleet module that talks to Kubernetes (merged into argument_spec), documented
+# by the doc fragment gpufleet.nvidia.k8s (plugins/doc_fragments/k8s.py).
 CONNECTION_ARGS: dict[str, dict[str, Any]] = {
     "kubeconfig": {"type": "path"},
     "context": {"type": "str"},

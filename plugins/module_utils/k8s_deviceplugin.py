@@ -24,6 +24,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult, apply, delete
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import RESOURCES, Kube
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
     log_tail,
     pod_problem,
@@ -48,14 +49,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
     "mode": {"type": "str", "default": "daemonset", "choices": ["daemonset", "systemd"]},
     "name": {"type": "str", "default": "gpufleet-device-plugin"},
-    "namespace": {"type": "str", "default": "gpufleet-system"},
-    "create_namespace": {"type": "bool", "default": True},
+    **WORKLOAD_ARGS,
     "image": {"type": "str", "default": "gpufleet/device-plugin:0.1.0"},
-    "image_pull_policy": {
-        "type": "str",
-        "default": "IfNotPresent",
-        "choices": ["Always", "IfNotPresent", "Never"],
-    },
     "command": {"type": "list", "elements": "str"},
     "plugin_config": {"type": "dict", "default": {}},
     "node_selector": {"type": "dict", "default": {}},
@@ -63,7 +58,6 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "priority_class_name": {"type": "str", "default": "system-node-critical"},
     "resources": {"type": "dict"},
     "host_root": {"type": "path", "default": "/"},
-    "host_network": {"type": "bool", "default": False},
     "env": {"type": "dict", "default": {}},
     "extra_volumes": {
         "type": "list",

@@ -19,6 +19,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult, apply, delete
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import Kube
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import wait_rollout
 
 SETTINGS_KEY = "extender.yaml"
@@ -36,21 +37,14 @@ RULES = [
 
 DEPLOY_ARGS: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "default": "gpufleet-extender"},
-    "namespace": {"type": "str", "default": "gpufleet-system"},
-    "create_namespace": {"type": "bool", "default": True},
+    **WORKLOAD_ARGS,
     "image": {"type": "str", "default": "gpufleet/extender:0.1.0"},
-    "image_pull_policy": {
-        "type": "str",
-        "default": "IfNotPresent",
-        "choices": ["Always", "IfNotPresent", "Never"],
-    },
     "command": {"type": "list", "elements": "str"},
     "replicas": {"type": "int", "default": 2},
     "settings": {"type": "dict", "default": {}},
     "tls_secret": {"type": "str", "no_log": False},  # the Secret's name, not its content
     "service_type": {"type": "str", "default": "NodePort", "choices": ["NodePort", "ClusterIP"]},
     "node_port": {"type": "int", "default": 32766},
-    "host_network": {"type": "bool", "default": False},
     "env": {"type": "dict", "default": {}},
     "node_selector": {"type": "dict", "default": {}},
     "tolerations": {"type": "list", "elements": "dict", "default": []},

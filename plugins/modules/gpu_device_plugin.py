@@ -39,6 +39,9 @@ requirements:
   - kubernetes (the Python client) on the host that runs the module, usually the controller
   - PyYAML
   - gpufleet (optional) on that host, to validate O(plugin_config) before deploying it
+extends_documentation_fragment:
+  - gpufleet.nvidia.k8s
+  - gpufleet.nvidia.k8s.workload
 options:
   state:
     description:
@@ -59,26 +62,10 @@ options:
     description: Name of every object (ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet).
     type: str
     default: gpufleet-device-plugin
-  namespace:
-    description: Namespace of the namespaced objects.
-    type: str
-    default: gpufleet-system
-  create_namespace:
-    description:
-      - Create O(namespace) if it is missing (an existing namespace is never adopted).
-      - With O(state=absent) the namespace is deleted only if gpufleet created it and it holds nothing else (another
-        gpufleet deployment, anyone's workloads); otherwise it is reported as V(skipped) with what it still holds.
-    type: bool
-    default: true
   image:
     description: Device plugin image (built from C(deploy/deviceplugin/Containerfile)).
     type: str
     default: gpufleet/device-plugin:0.1.0
-  image_pull_policy:
-    description: The container's imagePullPolicy.
-    type: str
-    choices: [Always, IfNotPresent, Never]
-    default: IfNotPresent
   command:
     description: Overrides the image's entrypoint. The arguments are always C(--config /etc/gpufleet/config.yaml).
     type: list
@@ -114,10 +101,6 @@ options:
       - Other than V(/) only for simulated GPUs (gpufleet's GPU simulator) or a mounted host tree.
     type: path
     default: /
-  host_network:
-    description: Run the pods in the node's network namespace.
-    type: bool
-    default: false
   env:
     description: Extra environment variables of the plugin container (besides C(NODE_NAME)).
     type: dict
@@ -160,30 +143,6 @@ options:
     description: Seconds for each wait.
     type: int
     default: 300
-  kubeconfig:
-    description:
-      - Path of the kubeconfig file. Default E(KUBECONFIG), then C(~/.kube/config).
-    type: path
-  context:
-    description: Context of the kubeconfig to use; default its current context.
-    type: str
-  host:
-    description: API server URL, used with O(api_key) instead of a kubeconfig.
-    type: str
-  api_key:
-    description: Bearer token for O(host). Never logged.
-    type: str
-  ca_cert:
-    description: CA bundle that signed the API server's certificate (with O(host), or to override the kubeconfig's).
-    type: path
-  validate_certs:
-    description: Verify the API server's certificate.
-    type: bool
-    default: true
-  request_timeout:
-    description: Seconds per API request.
-    type: int
-    default: 30
 attributes:
   check_mode:
     description: Reports what would be created, changed or deleted without writing; does not wait.
@@ -293,15 +252,8 @@ diff:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    ConnectionOptions,
-    Kube,
-    KubeError,
-)
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import CONNECTION_ARGS, KubeError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_deviceplugin import (
     ARGUMENT_SPEC,
     ParameterError,
@@ -310,30 +262,26 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_deviceplugin i
     shape_of,
     wait_ready,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import (
+    reconcile_or_fail,
+    require_kubernetes,
+)
 
 
 def main() -> None:
     """Parse arguments, apply or delete, wait, report."""
     module = AnsibleModule(argument_spec={**ARGUMENT_SPEC, **CONNECTION_ARGS}, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
+    require_kubernetes(module)
     params = module.params
     result: dict = {"changed": False, "objects": [], "nodes": {}}
     waits = params["state"] == "present" and params["wait"] and not module.check_mode
     try:
         result["resource"] = shape_of(plugin_config(params)).resource
-        if params["mode"] == "systemd" and not waits:
-            module.exit_json(**result)  # nothing in the cluster is this module's in systemd mode
-        kube = Kube(ConnectionOptions.from_params(params))
-        applied, warnings = reconcile(kube, params, module.check_mode)
-    except (KubeError, ParameterError) as exc:
-        partial = getattr(exc, "partial", None)
-        if partial is not None:
-            result["changed"], result["objects"] = partial.changed, partial.objects()
+    except ParameterError as exc:
         module.fail_json(msg=str(exc), **result)
-    for warning in warnings:
-        module.warn(warning)
-    result["changed"], result["objects"] = applied.changed, applied.objects()
+    if params["mode"] == "systemd" and not waits:
+        module.exit_json(**result)  # nothing in the cluster is this module's in systemd mode
+    kube, applied = reconcile_or_fail(module, reconcile, result, (ParameterError,))
     if module._diff:
         result["diff"] = applied.diffs()
     if waits:

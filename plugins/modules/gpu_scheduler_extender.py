@@ -37,6 +37,9 @@ requirements:
   - kubernetes (the Python client) where the module manages in-cluster objects (O(deploy))
   - PyYAML
   - gpufleet where the scheduler configuration is generated (not needed with O(scheduler_config_content))
+extends_documentation_fragment:
+  - gpufleet.nvidia.k8s
+  - gpufleet.nvidia.k8s.workload
 options:
   state:
     description: V(present) deploys and configures; V(absent) undoes both.
@@ -51,26 +54,10 @@ options:
     description: Name of every object.
     type: str
     default: gpufleet-extender
-  namespace:
-    description: Namespace of the namespaced objects.
-    type: str
-    default: gpufleet-system
-  create_namespace:
-    description:
-      - Create O(namespace) if it is missing (an existing namespace is never adopted).
-      - With O(state=absent) the namespace is deleted only if gpufleet created it and it holds nothing else (another
-        gpufleet deployment, anyone's workloads); otherwise it is reported as V(skipped) with what it still holds.
-    type: bool
-    default: true
   image:
     description: Extender image (it must provide C(gpufleet-extender) on PATH, or set O(command)).
     type: str
     default: gpufleet/extender:0.1.0
-  image_pull_policy:
-    description: The container's imagePullPolicy.
-    type: str
-    choices: [Always, IfNotPresent, Never]
-    default: IfNotPresent
   command:
     description: The container's command. Default C(gpufleet-extender serve --config /etc/gpufleet/extender.yaml).
     type: list
@@ -101,10 +88,6 @@ options:
     description: The NodePort (with O(service_type=NodePort)).
     type: int
     default: 32766
-  host_network:
-    description: Run the extender in the node's network namespace.
-    type: bool
-    default: false
   env:
     description: Extra environment variables of the extender container.
     type: dict
@@ -225,29 +208,6 @@ options:
     description: Seconds for each wait.
     type: int
     default: 300
-  kubeconfig:
-    description: Path of the kubeconfig file. Default E(KUBECONFIG), then C(~/.kube/config).
-    type: path
-  context:
-    description: Context of the kubeconfig to use; default its current context.
-    type: str
-  host:
-    description: API server URL, used with O(api_key) instead of a kubeconfig.
-    type: str
-  api_key:
-    description: Bearer token for O(host). Never logged.
-    type: str
-  ca_cert:
-    description: CA bundle that signed the API server's certificate.
-    type: path
-  validate_certs:
-    description: Verify the API server's certificate.
-    type: bool
-    default: true
-  request_timeout:
-    description: Seconds per API request.
-    type: int
-    default: 30
 attributes:
   check_mode:
     description: Reports what would change without writing; does not wait.
@@ -381,15 +341,8 @@ import shutil
 import tempfile
 import time
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    ConnectionOptions,
-    Kube,
-    KubeError,
-)
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import CONNECTION_ARGS, KubeError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_extender import (
     DEPLOY_ARGS,
     ParameterError,
@@ -397,6 +350,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_extender impor
     reconcile,
     settings_doc,
     wait_ready,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import (
+    reconcile_or_fail,
+    require_kubernetes,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_schedconfig import (
     SCHEDULER_ARGS,
@@ -550,19 +507,8 @@ def main() -> None:
     result: dict = {"changed": False, "objects": []}
     diffs: list = []
     if params["deploy"]:
-        if not HAS_KUBERNETES:
-            module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
-        try:
-            kube = Kube(ConnectionOptions.from_params(params))
-            applied, warnings = reconcile(kube, params, module.check_mode)
-        except (KubeError, ParameterError) as exc:
-            partial = getattr(exc, "partial", None)
-            if partial is not None:
-                result["changed"], result["objects"] = partial.changed, partial.objects()
-            module.fail_json(msg=str(exc), **result)
-        for warning in warnings:
-            module.warn(warning)
-        result["changed"], result["objects"] = applied.changed, applied.objects()
+        require_kubernetes(module)
+        kube, applied = reconcile_or_fail(module, reconcile, result, (ParameterError,))
         diffs += applied.diffs()
         if params["state"] == "present" and params["wait"] and not module.check_mode:
             try:

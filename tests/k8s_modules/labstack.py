@@ -171,26 +171,23 @@ class LabStack:
     @property
     def lab(self) -> Lab:
         if self._lab is None:
-            started = time.monotonic()
-            artifacts = self.artifacts or ensure_k8s()
-            self._lab = Lab(artifacts, keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1")
-            self.timings["k8s binaries + lab dir"] = time.monotonic() - started
+            with timed(self.timings, "k8s binaries + lab dir"):
+                artifacts = self.artifacts or ensure_k8s()
+                self._lab = Lab(artifacts, keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1")
         return self._lab
 
     @property
     def control_plane(self) -> ControlPlane:
         if self._cp is None:
-            started = time.monotonic()
-            self._cp = self.lab.start_control_plane()
-            self.timings["control plane"] = time.monotonic() - started
+            with timed(self.timings, "control plane"):
+                self._cp = self.lab.start_control_plane()
         return self._cp
 
     @property
     def image(self) -> LabImage:
         if self._image is None:
-            started = time.monotonic()
-            self._image = ensure_lab_image()
-            self.timings["gpufleet image (cache or build)"] = time.monotonic() - started
+            with timed(self.timings, "gpufleet image (cache or build)"):
+                self._image = ensure_lab_image()
         return self._image
 
     def nodes(self) -> dict[str, GpuNode]:
@@ -200,14 +197,12 @@ class LabStack:
             image = self.image
             self.scheduler()  # DaemonSet pods are placed by the scheduler (1.12+)
             for name, (fixture, labels) in NODES.items():
-                started = time.monotonic()
-                node = self.lab.start_kubelet_node(name, labels=labels)
-                self.timings[f"node {name} Ready"] = time.monotonic() - started
+                with timed(self.timings, f"node {name} Ready"):
+                    node = self.lab.start_kubelet_node(name, labels=labels)
                 gpu_node = GpuNode(node, fixture, labels)
                 simmachine.materialize(fixture, gpu_node.sim_root, library=self.sim_lib)
-                started = time.monotonic()
-                load_into(node, image)
-                self.timings[f"image import on {name}"] = time.monotonic() - started
+                with timed(self.timings, f"image import on {name}"):
+                    load_into(node, image)
                 listener = listen_in_netns(node._dockerd_pid(), ("127.0.0.1", cp.port))
                 self._relays.append(Relay(listener, ("127.0.0.1", cp.port)))
                 self._nodes[name] = gpu_node

@@ -14,39 +14,24 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from labstack import SIM_DIR, LabStack, run_tasks, timed, wait_until
+from modargs import COMMON_KINDS, admin_args, lab_plugin_args, object_actions
+from modargs import DEVICE_PLUGIN as MODULE
+from modargs import plain as _plain
 
 from gpufleet.sim import control as simcontrol
 
 pytestmark = pytest.mark.cluster
 
-MODULE = "gpufleet.nvidia.gpu_device_plugin"
-
-
-def _plain(obj: Any) -> Any:
-    return k8s.ApiClient().sanitize_for_serialization(obj)
-
-
-def _base(stack: LabStack, name: str, **extra: Any) -> dict[str, Any]:
-    return {"kubeconfig": str(stack.control_plane.kubeconfig()), "name": name, "namespace": name, **extra}
-
 
 def _lab_daemonset(stack: LabStack, name: str, **extra: Any) -> dict[str, Any]:
-    """Module arguments that run the plugin on the lab's GPU nodes: gpufleet image, the node's sim root."""
-    lab = {
-        "image": stack.image.name,
-        "image_pull_policy": "Never",
-        "host_network": True,
-        "env": stack.pod_env(),
-        "host_root": f"{SIM_DIR}/host",
-        "extra_volumes": stack.sim_volumes(),
-        "plugin_config": {"http": {"port": 0}, "health": {"probe_interval": 1}},
-    }
-    return _base(stack, name, **{**lab, **extra})
+    """Module arguments that run the plugin on the lab's GPU nodes, its HTTP server off and quick health."""
+    config = {"http": {"port": 0}, "health": {"probe_interval": 1}}
+    return admin_args(stack, name, **lab_plugin_args(stack), plugin_config=config) | extra
 
 
 def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_path: Path) -> None:
     name = f"dp-{secrets.token_hex(3)}"
-    args = _base(stack, name, wait=False, node_selector={"gpufleet.io/none": "x"})
+    args = admin_args(stack, name, wait=False, node_selector={"gpufleet.io/none": "x"})
     check = run_tasks([{MODULE: args}], tmp_path, args=["--check"]).task()
     assert check["changed"] and {o["action"] for o in check["objects"]} == {"created"}
     core = stack.control_plane.core_v1()
@@ -54,14 +39,7 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
 
     first = run_tasks([{MODULE: args}], tmp_path).task()
     assert first["changed"], first
-    assert [(o["kind"], o["action"]) for o in first["objects"]] == [
-        ("Namespace", "created"),
-        ("ServiceAccount", "created"),
-        ("ClusterRole", "created"),
-        ("ClusterRoleBinding", "created"),
-        ("ConfigMap", "created"),
-        ("DaemonSet", "created"),
-    ]
+    assert object_actions(first) == [(kind, "created") for kind in (*COMMON_KINDS, "DaemonSet")]
     rbac = k8s.RbacAuthorizationV1Api(stack.control_plane.api_client())
     rules = _plain(rbac.read_cluster_role(name))["rules"]
     assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
@@ -123,7 +101,9 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
 
 def test_invalid_plugin_config_is_refused_before_anything_is_written(stack: LabStack, tmp_path: Path) -> None:
     name = f"dp-{secrets.token_hex(3)}"
-    bad = _base(stack, name, wait=False, plugin_config={"health": {"bogus": 1}, "log": {"level": "loud"}})
+    bad = admin_args(
+        stack, name, wait=False, plugin_config={"health": {"bogus": 1}, "log": {"level": "loud"}}
+    )
     result = run_tasks([{MODULE: bad}], tmp_path).task()
     assert result["failed"]
     assert "plugin_config is invalid" in result["msg"]
@@ -223,7 +203,7 @@ def test_systemd_mode_waits_for_a_plugin_process_and_names_a_node_without_one(
     """The plugin as a node process (what the role's systemd unit runs): the module only waits."""
     nodes = stack.nodes()
     gpu_b = nodes["gpu-b"]
-    base = {"kubeconfig": str(stack.control_plane.kubeconfig()), "mode": "systemd", "wait_timeout": 6}
+    base = admin_args(stack, mode="systemd", wait_timeout=6)
     missing = run_tasks([{MODULE: {**base, "expected_gpus": {"gpu-b": 2}}}], tmp_path).task()
     assert missing["failed"]
     assert (

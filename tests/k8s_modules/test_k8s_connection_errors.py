@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from labstack import LabStack, run_tasks, wait_until
+from modargs import DEVICE_PLUGIN, EXTENDER, token_args
 
 from gpufleet.lab.process import free_ports
 
@@ -71,16 +72,8 @@ def test_least_privilege_token_gets_forbidden_naming_verb_and_resource(
     }
     rbac_api.create_cluster_role_binding(binding)  # type: ignore[arg-type]
     try:
-        cp = stack.control_plane
         task = {
-            "gpufleet.nvidia.gpu_device_plugin": {
-                "host": cp.url,
-                "api_key": token,
-                "ca_cert": str(cp.ca_file),
-                "namespace": ns,
-                "name": "dp-" + ns,
-                "wait": False,
-            }
+            DEVICE_PLUGIN: token_args(stack.control_plane, token, namespace=ns, name="dp-" + ns, wait=False)
         }
         run = run_tasks([task], tmp_path, args=["-vvv"], json_output=False)
         assert run.rc == 2, run.output
@@ -109,7 +102,7 @@ def test_unreachable_api_server_is_named(stack: LabStack, tmp_path: Path) -> Non
     (port,) = free_ports(1)
     token = secrets.token_hex(16)
     task = {
-        "gpufleet.nvidia.gpu_scheduler_extender": {
+        EXTENDER: {
             "host": f"https://127.0.0.1:{port}",
             "api_key": token,
             "validate_certs": False,
@@ -129,9 +122,7 @@ def test_unreachable_api_server_is_named(stack: LabStack, tmp_path: Path) -> Non
 
 def test_missing_kubeconfig_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.kubeconfig"
-    run = run_tasks(
-        [{"gpufleet.nvidia.gpu_device_plugin": {"kubeconfig": str(missing), "wait": False}}], tmp_path
-    )
+    run = run_tasks([{DEVICE_PLUGIN: {"kubeconfig": str(missing), "wait": False}}], tmp_path)
     result = run.task()
     assert result["failed"] and result["msg"] == f"no kubeconfig: {missing} does not exist"
 
@@ -139,9 +130,7 @@ def test_missing_kubeconfig_is_named(tmp_path: Path) -> None:
 def test_default_kubeconfig_missing_says_where_it_looked(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    run = run_tasks(
-        [{"gpufleet.nvidia.gpu_scheduler_extender": {"wait": False}}], tmp_path, env={"HOME": str(home)}
-    )
+    run = run_tasks([{EXTENDER: {"wait": False}}], tmp_path, env={"HOME": str(home)})
     result = run.task()
     assert result["failed"]
     assert result["msg"].startswith("no kubeconfig: ~/.kube/config does not exist; set the kubeconfig option")
@@ -150,14 +139,7 @@ def test_default_kubeconfig_missing_says_where_it_looked(tmp_path: Path) -> None
 def test_wrong_token_is_unauthorized(stack: LabStack, tmp_path: Path) -> None:
     cp = stack.control_plane
     token = secrets.token_hex(16)
-    task = {
-        "gpufleet.nvidia.gpu_device_plugin": {
-            "host": cp.url,
-            "api_key": token,
-            "ca_cert": str(cp.ca_file),
-            "wait": False,
-        }
-    }
+    task = {DEVICE_PLUGIN: token_args(cp, token, wait=False)}
     run = run_tasks([task], tmp_path)
     result = run.task()
     assert result["failed"] and result["msg"].startswith(f"unauthorized: the API server at {cp.url} rejected")

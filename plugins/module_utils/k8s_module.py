@@ -1,0 +1,70 @@
+# Copyright: gpufleet contributors
+# Apache License 2.0 (see the repository's pyproject.toml)
+"""What gpufleet's Kubernetes modules share around ``AnsibleModule``: the in-cluster deployment's common
+options, the check for the kubernetes library, and connect-then-reconcile with the objects reported even
+when it fails part way.
+
+The connection options are ``CONNECTION_ARGS`` in k8s_client; both sets are documented once, in the doc
+fragments ``gpufleet.nvidia.k8s`` and ``gpufleet.nvidia.k8s.workload`` (plugins/doc_fragments/k8s.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ansible.module_utils.basic import missing_required_lib
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import (
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    ConnectionOptions,
+    Kube,
+    KubeError,
+)
+
+# Options of the namespaced workload each module deploys (merged into its argument_spec).
+WORKLOAD_ARGS: dict[str, dict[str, Any]] = {
+    "namespace": {"type": "str", "default": "gpufleet-system"},
+    "create_namespace": {"type": "bool", "default": True},
+    "image_pull_policy": {
+        "type": "str",
+        "default": "IfNotPresent",
+        "choices": ["Always", "IfNotPresent", "Never"],
+    },
+    "host_network": {"type": "bool", "default": False},
+}
+
+
+def require_kubernetes(module: Any) -> None:
+    """Fail the module, as Ansible's own modules do, when the kubernetes library cannot be imported."""
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
+
+
+def reconcile_or_fail(
+    module: Any,
+    reconcile: Callable[[Kube, Mapping[str, Any], bool], tuple[ApplyResult, list[str]]],
+    result: dict[str, Any],
+    errors: tuple[type[Exception], ...] = (),
+) -> tuple[Kube, ApplyResult]:
+    """Connect with the module's connection options and run ``reconcile`` (apply or delete the objects).
+
+    ``result`` gets ``changed`` and ``objects``; the reconciler's warnings go to ``module.warn``. A
+    :class:`KubeError` or one of ``errors`` fails the module with its message and the objects handled
+    before the failure.
+    """
+    params = module.params
+    try:
+        kube = Kube(ConnectionOptions.from_params(params))
+        applied, warnings = reconcile(kube, params, module.check_mode)
+    except (KubeError, *errors) as exc:
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            result["changed"], result["objects"] = partial.changed, partial.objects()
+        module.fail_json(msg=str(exc), **result)
+        raise  # not reached: fail_json exits
+    for warning in warnings:
+        module.warn(warning)
+    result["changed"], result["objects"] = applied.changed, applied.objects()
+    return kube, applied

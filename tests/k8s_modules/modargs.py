@@ -1,0 +1,64 @@
+"""Arguments and result helpers for tests that run gpufleet's Kubernetes modules against the lab
+(tests/k8s_modules; tests/validation deploys with the same lab arguments). tests/conftest.py puts this
+folder on sys.path, so ``from modargs import ...`` works from any test folder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client as k8s
+from labstack import SIM_DIR, LabStack
+
+from gpufleet.lab.cluster import ControlPlane
+
+DEVICE_PLUGIN = "gpufleet.nvidia.gpu_device_plugin"
+EXTENDER = "gpufleet.nvidia.gpu_scheduler_extender"
+# What both modules apply first, in this order; the DaemonSet or the Deployment and Service follow.
+COMMON_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap")
+
+
+def admin_args(stack: LabStack, name: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The lab's admin kubeconfig; with ``name``, that name for the objects and for their namespace (a
+    namespace per test keeps tests on the shared lab apart)."""
+    args: dict[str, Any] = {"kubeconfig": str(stack.control_plane.kubeconfig())}
+    if name is not None:
+        args |= {"name": name, "namespace": name}
+    return args | extra
+
+
+def token_args(control_plane: ControlPlane, token: str, **extra: Any) -> dict[str, Any]:
+    """Reach the lab's API server with a bearer token instead of a kubeconfig."""
+    return {"host": control_plane.url, "api_key": token, "ca_cert": str(control_plane.ca_file), **extra}
+
+
+def lab_pod_args(stack: LabStack) -> dict[str, Any]:
+    """Pods of the gpufleet image on the lab's nodes: the image already loaded there, the node's network
+    (the API through the lab's relay; ``pod_env``)."""
+    return {
+        "image": stack.image.name,
+        "image_pull_policy": "Never",
+        "host_network": True,
+        "env": stack.pod_env(),
+    }
+
+
+def lab_plugin_args(stack: LabStack) -> dict[str, Any]:
+    """gpu_device_plugin arguments that run the plugin on the lab's GPU nodes, on each node's sim root."""
+    return lab_pod_args(stack) | {"host_root": f"{SIM_DIR}/host", "extra_volumes": stack.sim_volumes()}
+
+
+def lab_extender_args(stack: LabStack) -> dict[str, Any]:
+    """gpu_scheduler_extender arguments that run the extender on the lab's nodes (it needs only the API)."""
+    args = lab_pod_args(stack)
+    args["env"] = {k: v for k, v in args["env"].items() if k.startswith("KUBERNETES_")}
+    return args
+
+
+def object_actions(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(kind, action) of each object a module run reports, in its order."""
+    return [(o["kind"], o["action"]) for o in result["objects"]]
+
+
+def plain(obj: Any) -> Any:
+    """A kubernetes client model as the plain JSON-like structure the API server sent."""
+    return k8s.ApiClient().sanitize_for_serialization(obj)
