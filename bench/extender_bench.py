@@ -1,13 +1,15 @@
 """Scheduler extender benchmark: filter/prioritize latency, reservations and binds per second, memory.
 
     .venv/bin/python bench/extender_bench.py [--sizes 100,1000,5000] [--rounds 200]
+    PYTHONPATH=/path/to/older/src .venv/bin/python bench/extender_bench.py   # an older extender, same bench
 
 Clusters of N nodes x 8 GPUs (80 GiB, NVSwitch-connected), about half the GPUs partly used by pods with
 assignments. Latencies are per scheduler call in NodeNames mode (nodeCacheCapable), measured around
 JSON decode + decision + JSON encode, i.e. everything the HTTP handler does except the socket; one HTTP
 round trip at the largest size is shown for comparison. Prioritize gets every node (the scheduler
-normally sends only the feasible ones, a few hundred at most). Targets: filter p99 < 5 ms at 5,000
-nodes; >= 500 reservations per second.
+normally sends only the feasible ones, a few hundred at most). The second table covers other kinds of
+request on the same clusters. Targets: filter p99 < 5 ms at 5,000 nodes for every kind of request;
+>= 500 reservations per second.
 """
 
 from __future__ import annotations
@@ -112,20 +114,34 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e3, p99 * 1e3
 
 
-def timed(calls: list[Callable[[], Any]], rounds: int) -> tuple[tuple[float, float], tuple[float, float]]:
+def timed(
+    calls: list[Callable[[], Any]], rounds: int, before: Callable[[], Any] | None = None
+) -> tuple[tuple[float, float], tuple[float, float]]:
     """(wall, thread CPU) p50/p99 in ms over `rounds` calls cycling through `calls`, after one warm-up.
 
-    CPU time leaves out the time the thread waited for a CPU, which on a shared machine dominates the
-    wall-clock tail; the gap between the two is interference, not the extender.
+    `before` runs (untimed) ahead of each call. CPU time leaves out the time the thread waited for a
+    CPU, which on a shared machine dominates the wall-clock tail; the gap between the two is
+    interference, not the extender.
     """
     calls[0]()
     wall, cpu = [], []
     for i in range(rounds):
+        if before is not None:
+            before()
         start, start_cpu = time.perf_counter(), time.thread_time()
         calls[i % len(calls)]()
         cpu.append(time.thread_time() - start_cpu)
         wall.append(time.perf_counter() - start)
     return percentiles(wall), percentiles(cpu)
+
+
+def print_table(title: str, header: list[str], rows: list[tuple[int, list[Any]]]) -> None:
+    print(title)
+    print(f"{'nodes':>6} {'':>4} " + " ".join(f"{h:>17}" for h in header))
+    for n, figures in rows:
+        for label, pick in (("wall", 0), ("cpu", 1)):
+            cells = " ".join(f"{f'{f[pick][0]:.2f} / {f[pick][1]:.2f}':>17}" for f in figures)
+            print(f"{n:>6} {label:>4} {cells}")
 
 
 def extender_for(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> tuple[Extender, InMemoryCluster]:
@@ -151,10 +167,35 @@ def args_body(names: list[str], gib: int, annotations: dict[str, str] | None = N
     return json.dumps({"Pod": make_pod("ask", gib, annotations=annotations), "NodeNames": names}).encode()
 
 
+def args_body2(names: list[str], gibs: tuple[int, ...], annotations: dict[str, str] | None = None) -> bytes:
+    """ExtenderArgs for a pod whose containers ask these GiB each."""
+    pod = make_pod("ask", gibs[0], annotations=annotations)
+    first = pod["spec"]["containers"][0]
+    pod["spec"]["containers"] = [
+        {**first, "name": f"c{i}", "resources": {"limits": {"gpufleet.io/gpu-mem": str(g)}}}
+        for i, g in enumerate(gibs)
+    ]
+    return json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+
+def whole_pod(count: int) -> dict[str, Any]:
+    """A pod asking `count` whole GPUs (every bench node shares memory: unresolvable everywhere)."""
+    pod = make_pod("ask-whole", 1)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(count)}}
+    return pod
+
+
 def call(ext: Extender, verb: str, data: bytes) -> Callable[[], Any]:
     """One scheduler call as the HTTP handler runs it, minus the socket: decode, decide, encode."""
-    handler = ext.api.filter if verb == "filter" else ext.api.prioritize
-    return lambda: json.dumps(handler(json.loads(data)), separators=(",", ":"))
+    if verb == "prioritize":
+        encoded = getattr(ext.api, "prioritize_json", None)  # older extenders: encode as their server did
+        if encoded is None:
+            return lambda: json.dumps(ext.api.prioritize(json.loads(data)), separators=(",", ":")).encode()
+        return lambda: encoded(json.loads(data))
+    encoded = getattr(ext.api, "filter_json", None)
+    if encoded is None:
+        return lambda: json.dumps(ext.api.filter(json.loads(data)), separators=(",", ":")).encode()
+    return lambda: encoded(json.loads(data))
 
 
 def bench_latency(sizes: list[int], rounds: int) -> None:
@@ -168,7 +209,18 @@ def bench_latency(sizes: list[int], rounds: int) -> None:
         "prioritize cold",
         "prioritize warm",
     ]
-    print(f"{'nodes':>6} {'':>4} " + " ".join(f"{h:>17}" for h in header))
+    header2 = [
+        "2-GPU cold",
+        "2 containers cold",
+        "2 ctrs new sizes",
+        "whole GPU",
+        "prio 2-GPU cold",
+        "prio most-capable",
+        "prio new sizes",
+        "model+cc relisted",
+    ]
+    rows: list[tuple[int, list[Any]]] = []
+    rows2: list[tuple[int, list[Any]]] = []
     largest: tuple[Extender, bytes] | None = None
     for n in sizes:
         nodes, pods = cluster_objects(n)
@@ -180,20 +232,62 @@ def bench_latency(sizes: list[int], rounds: int) -> None:
         multi = args_body(names, 20, {"gpufleet.io/gpu-count": "2"})
         cold = [args_body(names, 10, {"gpufleet.io/gpu-min-cc": cc}) for cc in COLD_CC]
         r = max(20, rounds * 1000 // max(n, 1000))
-        figures = [
-            timed([call(ext, "filter", simple)], r),
-            timed([call(ext, "filter", b) for b in constrained], r),
-            timed([call(ext, "filter", constrained[0])], r),
-            timed([call(ext, "filter", multi)], r),
-            timed([call(ext, "prioritize", b) for b in cold], max(10, r // 4)),
-            timed([call(ext, "prioritize", simple)], max(10, r // 4)),
+        rows.append(
+            (
+                n,
+                [
+                    timed([call(ext, "filter", simple)], r),
+                    timed([call(ext, "filter", b) for b in constrained], r),
+                    timed([call(ext, "filter", constrained[0])], r),
+                    timed([call(ext, "filter", multi)], r),
+                    timed([call(ext, "prioritize", b) for b in cold], max(10, r // 4)),
+                    timed([call(ext, "prioritize", simple)], max(10, r // 4)),
+                ],
+            )
+        )
+        # Other kinds of request. "relisted": the first call after the watch relisted every node (the
+        # index is rebuilt by the relist, not by the request); "new sizes": pods of a GiB size never
+        # seen before (cycling through 40), so nothing kept per node applies; two-container ones are
+        # decided by `evaluate` on every node.
+        two_gpu = [
+            args_body(names, 20, {"gpufleet.io/gpu-count": "2", "gpufleet.io/gpu-min-cc": cc})
+            for cc in COLD_CC
         ]
-        for label, pick in (("wall", 0), ("cpu", 1)):
-            cells = " ".join(f"{f'{f[pick][0]:.2f} / {f[pick][1]:.2f}':>17}" for f in figures)
-            print(f"{n:>6} {label:>4} {cells}")
+        two_ctrs = [args_body2(names, (10, 10), {"gpufleet.io/gpu-min-cc": cc}) for cc in COLD_CC]
+        new_sizes = [args_body2(names, (10 + i, 10)) for i in range(40)]
+        new_gib = [args_body(names, 10 + i) for i in range(40)]
+        whole = json.dumps({"Pod": whole_pod(1), "NodeNames": names}).encode()
+        capable = [
+            args_body(names, 10, {"gpufleet.io/gpu-prefer": "most-capable", "gpufleet.io/gpu-min-cc": cc})
+            for cc in COLD_CC
+        ]
+
+        def relist(ext: Extender = ext, nodes: list[dict[str, Any]] = nodes) -> None:
+            ext.state.replace_nodes(nodes)
+
+        few = max(10, r // 4)
+        rows2.append(
+            (
+                n,
+                [
+                    timed([call(ext, "filter", b) for b in two_gpu], r),
+                    timed([call(ext, "filter", b) for b in two_ctrs], r),
+                    timed([call(ext, "filter", b) for b in new_sizes], few),
+                    timed([call(ext, "filter", whole)], r),
+                    timed([call(ext, "prioritize", b) for b in two_gpu], few),
+                    timed([call(ext, "prioritize", b) for b in capable], few),
+                    timed([call(ext, "prioritize", b) for b in new_gib], few),
+                    # Last: the relists leave the whole cache outside gc.freeze(), and the full
+                    # collections that then come back would land in the columns after it.
+                    timed([call(ext, "filter", constrained[1])], few, before=relist),
+                ],
+            )
+        )
         if largest is not None:
             largest[0].stop()
         largest = (ext, simple)
+    print_table("", header, rows)
+    print_table("\nother kinds of request, same clusters", header2, rows2)
     assert largest is not None
     ext, data = largest
     server = make_server(ext, Settings(listen_address="127.0.0.1", port=0))

@@ -614,6 +614,25 @@ class GpuLab:
 
         return self.wait("/inspect equal to the pods' assignments", matches)
 
+    def wait_handoffs_done(self) -> None:
+        """Wait until every bound GPU-memory pod is allocated and no node of this test holds a bind-lock, in
+        the API and in the extender's cache. Until then a node is in the middle of a hand-off, and
+        prioritize ranks it last while another node fits (docs/extender.md): a pod created right after the
+        previous one was bound could land elsewhere than on the state the previous ones left."""
+
+        def done() -> bool:
+            pods = self.pods().values()
+            allocated = all(p.annotations.get(ALLOCATED_ANNOTATION) == ",".join(c for c, _ in p.mem)
+                            for p in pods if p.node and p.mem)  # fmt: skip
+            return (
+                allocated
+                and not any(LOCK_ANNOTATION in node_annotations(self.core, n) for n in self.nodes)
+                and all(self.extender.get(f"/inspect/{n}")["bind_lock"] is None for n in self.nodes)
+            )
+
+        self.wait("every hand-off finished (pods allocated, bind-locks gone, also from the extender's cache)",
+                  done)  # fmt: skip
+
     def assert_kubelet_clean(self) -> None:
         """No Allocate was refused and every answer named the assigned GPUs."""
         assert not self.kubelet.errors, self.kubelet.errors
@@ -947,6 +966,8 @@ def test_model_and_capability_requests_land_on_the_right_gpus(
     def place(name: str, gib: int, **kwargs: Any) -> tuple[str | None, str]:
         lab.create_pod(name, gib, **kwargs)
         pod = lab.wait_bound([name])[name]
+        # The next pod goes on the state this one leaves, not into its hand-off (see wait_handoffs_done).
+        lab.wait_handoffs_done()
         (uuid,) = pod.gpus()
         return pod.node, uuid
 

@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from extender_builders import machine, node, pod, settle
+from extender_builders import gpu, machine, node, pod, settle
 
 from gpufleet.extender.request import Policy, parse_pod
 from gpufleet.extender.scheduling import filter_nodes
@@ -210,3 +210,65 @@ def test_a_bind_that_cannot_get_the_node_drops_its_reservation(cluster, start_ex
         mutex.release()
     assert ext.state.reservation_count() == 0
     assert ext.state.inspect_node("n1")["gpus"][0]["used_gib"] == 0
+
+
+def _schedule(ext, wish: dict, gib: int, names: list[str], selector: dict | None = None) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """What kube-scheduler asks for a pod: filter over `names`, then the scores of the nodes that fit."""
+    p = pod(wish.pop("name"), mem=[gib], annotations=wish, node_selector=selector)
+    fits = ext.api.filter({"Pod": p, "NodeNames": names})["NodeNames"]
+    return {s["Host"]: s["Score"] for s in ext.api.prioritize({"Pod": p, "NodeNames": fits})}
+
+
+def test_a_most_capable_pod_during_the_previous_pods_hand_off_is_ranked_away_from_that_node(  # type: ignore[no-untyped-def]
+    cluster, start_extender
+) -> None:
+    """tests/cluster/test_extender_scheduler.py::test_model_and_capability_requests_land_on_the_right_gpus,
+    step by step and without timing: its "best" pod (most capable: the A10 on the mixed node) came while
+    the previous pod's hand-off on that node was still running (bound, not yet allocated, bind-lock
+    live). Prioritize ranks such a node last while another one fits (docs/extender.md), so the real
+    scheduler put "best" on the A100 node (or on the T4 node, with two hand-offs running): the flake that
+    got the per-node index reverted. The index was right; the test now waits for each hand-off."""
+    a100 = [gpu(0, "GPU-a100-0"), gpu(1, "GPU-a100-1")]
+    t4 = [gpu(0, "GPU-t4-0", "Tesla T4", 15, "7.5"), gpu(1, "GPU-t4-1", "Tesla T4", 15, "7.5")]
+    mixed = [
+        gpu(0, "GPU-v100", "Tesla V100-SXM2-32GB", 32, "7.0"),
+        gpu(1, "GPU-a10", "NVIDIA A10", 22, "8.6"),
+    ]
+    product = "nvidia.com/gpu.product"
+    cluster.add_node(node("a100", a100, labels={product: "NVIDIA-A100-SXM4-80GB"}))
+    cluster.add_node(node("t4", t4, labels={product: "Tesla-T4"}))
+    cluster.add_node(node("mixed", mixed, labels={product: "Tesla-V100-SXM2-32GB"}))
+    selector = {product: "Tesla-V100-SXM2-32GB"}
+    for name, gib, wish in (("sel-v100", 20, {}), ("model-a10", 4, {"gpufleet.io/gpu-model": "A10"}),
+                            ("cc80", 12, {"gpufleet.io/gpu-min-cc": "8.0"}),
+                            ("best", 2, {"gpufleet.io/gpu-prefer": "most-capable"})):  # fmt: skip
+        obj = pod(name, mem=[gib], annotations=wish, node_selector=selector if name == "sel-v100" else None)
+        cluster.add_pod(obj)
+    ext = start_extender(lock_wait=3)
+    names = ["a100", "t4", "mixed"]
+    placed = {}
+    for name, gib, wish in (("sel-v100", 20, {}), ("model-a10", 4, {"gpufleet.io/gpu-model": "A10"}),
+                            ("cc80", 12, {"gpufleet.io/gpu-min-cc": "8.0"})):  # fmt: skip
+        scores = _schedule(ext, {"name": name, **wish}, gib, ["mixed"] if name == "sel-v100" else names,
+                           selector if name == "sel-v100" else None)  # fmt: skip
+        best_node = max(scores, key=scores.__getitem__)
+        assert bind(ext, name, best_node) == ""
+        settle(cluster)
+        placed[name] = best_node
+        if name != "cc80":
+            cluster.complete_allocations()
+            settle(cluster)
+    assert placed == {"sel-v100": "mixed", "model-a10": "mixed", "cc80": "mixed"}
+    most = {"name": "best", "gpufleet.io/gpu-prefer": "most-capable"}
+    # cc80 is bound to the mixed node; the device plugin has not allocated it yet: its lock is live.
+    assert ext.state.inspect_node("mixed")["bind_lock"]["uid"] == "uid-default-cc80"
+    assert _schedule(ext, dict(most), 2, names) == {"a100": 10, "t4": 1, "mixed": 1}
+    # Once the hand-off is over, the A10 wins as the pod asked.
+    cluster.complete_allocations()
+    settle(cluster)
+    assert ext.state.inspect_node("mixed")["bind_lock"] is None
+    assert _schedule(ext, dict(most), 2, names) == {"a100": 5, "t4": 1, "mixed": 10}
+    assert bind(ext, "best", "mixed") == ""
+    settle(cluster)
+    assignment = json.loads(pod_now(cluster, "best")["metadata"]["annotations"][ASSIGNMENT])
+    assert assignment["containers"][0]["gpus"] == ["GPU-a10"]

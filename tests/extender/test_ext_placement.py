@@ -337,12 +337,14 @@ def test_a_pods_own_claim_does_not_block_it() -> None:
     assert filter_nodes(state, other, ["n"], Policy.BINPACK, NOW).fits == []
 
 
-def test_prioritize_reuses_verdicts_only_while_the_node_is_unchanged() -> None:
+@pytest.mark.parametrize("mem", [[4], [2, 2]], ids=["index", "cached-verdicts"])
+def test_prioritize_reuses_verdicts_only_while_the_node_is_unchanged(mem: list[int]) -> None:
+    # One container: decided from the index; two: by `evaluate`, with verdicts cached per node version.
     state = _state([node("a", machine("a", 1, mem=16)), node("b", machine("b", 1, mem=16))])
-    r = req(mem=[4])
+    r = req(mem=mem)
     first = dict(prioritize_nodes(state, r, ["a", "b"], Policy.BINPACK, Policy.BINPACK, NOW))
     assert first == {"a": 10, "b": 10}
-    assert state.entry("a").verdicts  # cached
+    assert state.entry("a").facts.memo  # verdicts (two containers) or placement figures (one) kept
     state.upsert_pod(_assigned("x", "b", 8, "GPU-b-0"))
     assert dict(prioritize_nodes(state, r, ["a", "b"], Policy.BINPACK, Policy.BINPACK, NOW)) == {
         "a": 1,

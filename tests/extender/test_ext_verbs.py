@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from extender_builders import load_fixture, settle
@@ -115,6 +116,35 @@ def test_prioritize_on_full_nodes_matches_node_names(world) -> None:  # type: ig
     by_name = world.api.prioritize(load_fixture("filter_nodenames.json"))
     by_object = world.api.prioritize(load_fixture("filter_nodes.json"))
     assert by_name == by_object
+
+
+def test_prioritize_json_is_exactly_the_encoded_host_priority_list(world) -> None:  # type: ignore[no-untyped-def]
+    # What the HTTP server sends (pre-encoded fragments) must be what encoding `prioritize` would give.
+    for fixture in ("filter_nodenames.json", "filter_nodes.json"):
+        args = load_fixture(fixture)
+        expected = json.dumps(world.api.prioritize(args), separators=(",", ":")).encode()
+        assert world.api.prioritize_json(args) == expected
+        assert world.api.prioritize_json(args) == expected  # fragments cached
+    odd = {**load_fixture("filter_nodenames.json"), "NodeNames": ['quo"te', "ünï", "ghost"]}
+    assert json.loads(world.api.prioritize_json(odd)) == world.api.prioritize(odd)
+
+
+def test_filter_json_is_exactly_the_encoded_filter_result(world) -> None:  # type: ignore[no-untyped-def]
+    # What the HTTP server sends (failure maps from pre-encoded fragments) must be the encoded result.
+    for fixture in ("filter_nodenames.json", "filter_nodes.json"):
+        for gib in ("4", "30", "500"):  # fits, some fail, none fits (with an Error)
+            args = copy.deepcopy(load_fixture(fixture))
+            args["Pod"]["spec"]["containers"][0]["resources"]["limits"]["gpufleet.io/gpu-mem"] = gib
+            args["Pod"]["spec"]["containers"][0]["resources"]["requests"]["gpufleet.io/gpu-mem"] = gib
+            expected = json.dumps(world.api.filter(args), separators=(",", ":")).encode()
+            assert world.api.filter_json(args) == expected
+            assert world.api.filter_json(args) == expected  # fragments cached
+    odd = {**load_fixture("filter_nodenames.json"), "NodeNames": ['quo"te', "ünï", "ghost", "t4-0"]}
+    assert json.loads(world.api.filter_json(odd)) == world.api.filter(odd)
+    bad = {**load_fixture("filter_nodenames.json")}
+    bad["Pod"] = copy.deepcopy(bad["Pod"])
+    bad["Pod"]["metadata"]["annotations"]["gpufleet.io/gpu-count"] = "x"
+    assert world.api.filter_json(bad) == json.dumps(world.api.filter(bad), separators=(",", ":")).encode()
 
 
 def test_model_request_routes_to_the_right_nodes(world) -> None:  # type: ignore[no-untyped-def]

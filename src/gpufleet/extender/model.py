@@ -98,6 +98,9 @@ class NodeInfo:
     # their distinct (model tokens, compute capability): usually one, so constraints are checked once.
     healthy: tuple[Gpu, ...] = ()
     kinds: tuple[tuple[frozenset[str], tuple[int, int]], ...] = ()
+    # The raw `gpufleet.io/gpus` value these GPUs were parsed from: a node update that leaves it alone
+    # (a bind-lock, a heartbeat) reuses the parse.
+    gpus_raw: str | None = None
 
     def gpu_by_uuid(self, uuid: str) -> Gpu | None:
         """The GPU with this uuid, if the node still publishes it."""
@@ -107,24 +110,23 @@ class NodeInfo:
         return None
 
 
-def node_info(obj: Mapping[str, Any]) -> NodeInfo:
-    """Parse a Kubernetes Node (JSON as the API serves it); a bad annotation marks the node, not the call."""
+def node_info(obj: Mapping[str, Any], previous: NodeInfo | None = None) -> NodeInfo:
+    """Parse a Kubernetes Node (JSON as the API serves it); a bad annotation marks the node, not the call.
+
+    With `previous` (the same node's last parse), GPUs published unchanged are not parsed again.
+    """
     meta = obj.get("metadata") or {}
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("node without metadata.name")
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    gpus: tuple[Gpu, ...] = ()
-    gpu_error: str | None = None
     raw = annotations.get(GPUS_ANNOTATION)
-    if raw is None:
-        gpu_error = f"node publishes no GPUs (annotation {GPUS_ANNOTATION} absent)"
+    if previous is not None and previous.gpus_raw is not None and previous.gpus_raw == raw:
+        gpus, gpu_error = previous.gpus, previous.gpu_error
+        healthy, kinds = previous.healthy, previous.kinds
     else:
-        try:
-            gpus = node_gpus(raw)
-        except ValueError as exc:
-            gpu_error = f"annotation {GPUS_ANNOTATION} is malformed: {exc}"
+        gpus, gpu_error, healthy, kinds = _parse_node_gpus(raw)
     lock: BindLock | None = None
     raw_lock = annotations.get(BIND_LOCK_ANNOTATION)
     if raw_lock:
@@ -141,6 +143,24 @@ def node_info(obj: Mapping[str, Any]) -> NodeInfo:
         gpus=gpus,
         gpu_error=gpu_error,
         lock=lock,
-        healthy=tuple(g for g in gpus if g.healthy),
-        kinds=tuple(dict.fromkeys((g.tokens, g.cc) for g in gpus if g.healthy)),
+        healthy=healthy,
+        kinds=kinds,
+        gpus_raw=raw if isinstance(raw, str) else None,
     )
+
+
+def _parse_node_gpus(
+    raw: Any,
+) -> tuple[tuple[Gpu, ...], str | None, tuple[Gpu, ...], tuple[tuple[frozenset[str], tuple[int, int]], ...]]:
+    """GPUs, error, healthy GPUs and their distinct kinds from the raw `gpufleet.io/gpus` value."""
+    gpus: tuple[Gpu, ...] = ()
+    gpu_error: str | None = None
+    if raw is None:
+        gpu_error = f"node publishes no GPUs (annotation {GPUS_ANNOTATION} absent)"
+    else:
+        try:
+            gpus = node_gpus(raw)
+        except ValueError as exc:
+            gpu_error = f"annotation {GPUS_ANNOTATION} is malformed: {exc}"
+    healthy = tuple(g for g in gpus if g.healthy)
+    return gpus, gpu_error, healthy, tuple(dict.fromkeys((g.tokens, g.cc) for g in healthy))

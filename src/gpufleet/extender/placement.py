@@ -18,6 +18,10 @@ from gpufleet.handoff import SHARING_LABEL, SHARING_MEMORY, ContainerAssignment
 _NVLINK = 1.0
 _SAME_NUMA = 0.25
 
+# Why a node can never take a request of the other kind.
+NOT_SHARING = f"node does not share GPU memory (label {SHARING_LABEL}={SHARING_MEMORY} absent)"
+SHARES_MEMORY = "node shares GPU memory; whole GPUs (nvidia.com/gpu) are not offered there"
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -153,14 +157,15 @@ def _place_containers(
     return out, now_used, topology, capability
 
 
-def _needs(share: int, count: int) -> str:
+def needs(share: int, count: int) -> str:
+    """What a container asks for, in failure messages."""
     return f"{share} GiB on each of {count} GPUs" if count > 1 else f"{share} GiB on one GPU"
 
 
 def shortfall(share: int, count: int, most_free: int) -> str:
     """The reason a node with room in principle has too little free memory now."""
     return (
-        f"not enough free GPU memory: needs {_needs(share, count)}; "
+        f"not enough free GPU memory: needs {needs(share, count)}; "
         f"the most free on a qualifying GPU is {most_free} GiB"
     )
 
@@ -168,7 +173,7 @@ def shortfall(share: int, count: int, most_free: int) -> str:
 def _mem_shortfall(
     gpus: Sequence[Gpu], used: Mapping[str, int], req: GpuRequest, container: ContainerRequest, static: bool
 ) -> str:
-    what = _needs(container.share, container.gpus)
+    what = needs(container.share, container.gpus)
     if not gpus:
         wanted = req.describe_constraints()
         return f"no healthy GPU{' with ' + wanted if wanted else ''} (needs {what})"
@@ -193,7 +198,7 @@ def _evaluate_mem(
     info: NodeInfo, used: Mapping[str, int], whole_held: int, req: GpuRequest, policy: Policy, now: float
 ) -> Verdict:
     if not info.sharing:
-        return _fail(f"node does not share GPU memory (label {SHARING_LABEL}={SHARING_MEMORY} absent)", True)
+        return _fail(NOT_SHARING, True)
     gpus = qualifying(info, req)
     misfit = _static_misfit(gpus, req, policy)
     if misfit is not None:
@@ -220,7 +225,7 @@ def _evaluate_whole(
     info: NodeInfo, used: Mapping[str, int], whole_held: int, req: GpuRequest, policy: Policy
 ) -> Verdict:
     if info.sharing:
-        return _fail("node shares GPU memory; whole GPUs (nvidia.com/gpu) are not offered there", True)
+        return _fail(SHARES_MEMORY, True)
     healthy = info.healthy
     if len(healthy) < req.whole:
         return _fail(f"node has {len(healthy)} healthy GPUs; the pod needs {req.whole}", True)

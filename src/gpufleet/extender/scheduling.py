@@ -1,21 +1,26 @@
 """Filter and prioritize over many nodes: the per-node decisions of `placement`, made fast and scored.
 
-The filter's fast path covers single-container requests (any model/capability constraint, any GPU
-count) from per-node views the state caches, so 5,000 nodes cost about a microsecond each; every other
-case, and every node the fast path is unsure about, goes through `placement.evaluate`, which is the
-single source of truth (a test checks that both agree).
+One-container GPU-memory requests (any model/capability constraint, any GPU count) and whole-GPU requests
+are decided from the index the state keeps current on every cache change (gpufleet.extender.index): a
+dict lookup and a few comparisons per node, the same for a request shape never seen before as for a
+familiar one. Every other case, and every node the index leaves open, goes through `placement.evaluate`,
+the single source of truth (tests check that both agree, also across randomized cache histories), with
+verdicts reused per node version.
 """
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from gpufleet.extender.index import ALL, ERROR, SHARING, WHOLE, Record, RequestPlan
 from gpufleet.extender.model import NodeInfo, node_info
-from gpufleet.extender.placement import Placement, Verdict, shortfall
+from gpufleet.extender.placement import NOT_SHARING, SHARES_MEMORY, Verdict
 from gpufleet.extender.request import GpuRequest, Policy
-from gpufleet.extender.state import ClusterState
+from gpufleet.extender.state import ClusterState, NodeEntry
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 
@@ -52,7 +57,8 @@ def _from_object(state: ClusterState, obj: Mapping[str, Any]) -> tuple[str, Node
     ):
         return name, entry.info, ""
     try:
-        return name, node_info(obj), ""
+        # A newer Node: its GPUs are parsed again only if their annotation changed.
+        return name, node_info(obj, entry.info if entry is not None else None), ""
     except ValueError as exc:
         return name, None, str(exc)
 
@@ -70,130 +76,747 @@ def _infos(state: ClusterState, candidates: Candidates) -> list[tuple[str, NodeI
     return out
 
 
+# What `_judge` keeps of a Verdict: the Placement's figures (None: no fit), the reason, unresolvable.
+# Plain data, small and outside the garbage collector's work, unlike Verdict and Placement objects.
+Outcome = tuple[tuple[float, float, tuple[int, int, int]] | None, str, bool]
+
+
+def _outcome(verdict: Verdict) -> Outcome:
+    p = verdict.placement
+    return (
+        ((p.utilization, p.topology, p.capability) if p is not None else None),
+        verdict.reason,
+        verdict.unresolvable,
+    )
+
+
+def _judge(
+    state: ClusterState,
+    plan: RequestPlan,
+    rest: Sequence[str | Mapping[str, Any]],
+    policy: Policy,
+    now: float,
+    own_node: str | None,
+) -> list[tuple[str, Outcome | None, str, float, str]]:
+    """`state.evaluate` for the candidates the index leaves open: (name, outcome or None with the error,
+    and the node's cached lock expiry and holder).
+
+    Outcomes are kept in the node's memo (so only until the node or its ledger changes) per request
+    shape; not for the pod's own node (its claim is subtracted) nor under a live lock (depends on the
+    pod). Constraints count by which of the node's GPUs they leave (the signature's kinds that qualify)
+    when that is not none of them and the request is for GPU memory: the verdict, reason included, is
+    then the same for every constraint that leaves the same GPUs, and a new model or capability wish is
+    served from the memo. Otherwise by the constraints themselves (their words are in the reason).
+    """
+    req = plan.req
+    shape = (tuple((c.gib, c.gpus) for c in req.mem), req.whole, req.most_capable, policy)
+    exact = _shape_id((shape, req.models, req.min_cc))
+    by_mode: dict[int, int] = {}
+    memory = req.kind == "mem"
+    get = state.index.get
+    modes = plan.modes
+    out: list[tuple[str, Outcome | None, str, float, str]] = []
+    for cand in rest:
+        info: NodeInfo | None = None
+        if isinstance(cand, str):
+            name, error = cand, ""
+            r = get(name)
+        else:
+            name, info, error = _from_object(state, cand)
+            r = get(name)
+            entry = state.entry(name)
+            if entry is not None and entry.info is info:
+                info = None  # the cached node: as by name
+            elif info is None:
+                out.append((name, None, error, 0.0, ""))
+                continue
+        if r is None:
+            if info is None:
+                out.append((name, None, error or UNKNOWN_NODE, 0.0, ""))
+                continue
+            outcome = _outcome(state.evaluate(req, info, policy, now))
+            out.append((name, outcome, "", *_lock_of(state.entry(name))))
+            continue
+        cache = None
+        if info is None and name != own_node and r[4] <= now:
+            facts = r[9]
+            mode = modes.get(r[1])
+            if mode is None:
+                mode = plan.mode(r[1])
+            key = exact
+            if memory and mode and r[8]:
+                key = by_mode.get(mode, -1)
+                if key < 0:
+                    key = by_mode[mode] = _shape_id((shape, mode))
+            cache = facts.memo
+            if cache is None:
+                cache = facts.memo = {}
+            else:
+                known = cache.get(key)
+                if known is not None:
+                    out.append((name, known, "", r[4], r[5]))
+                    continue
+        if info is None:
+            entry = state.entry(name)
+            assert entry is not None and entry.info is not None
+            info = entry.info
+        outcome = _outcome(state.evaluate(req, info, policy, now))
+        if cache is not None:
+            if len(cache) >= _MEMO:
+                cache.clear()
+            cache[key] = outcome
+        out.append((name, outcome, "", r[4], r[5]))
+    return out
+
+
+# Entries a node's memo keeps (request shapes); then it starts over.
+_MEMO = 16
+
+
+# Request shapes (and constraint modes) as small ints, so a cached verdict is found by an int, not by
+# hashing nested tuples per node. Ids are never reused: forgetting the table only costs cache misses.
+_SHAPE_IDS: dict[Any, int] = {}
+_NEXT_SHAPE_ID = itertools.count()
+
+
+def _shape_id(shape: Any) -> int:
+    found = _SHAPE_IDS.get(shape)
+    if found is None:
+        if len(_SHAPE_IDS) >= 4096:
+            _SHAPE_IDS.clear()
+        found = _SHAPE_IDS[shape] = next(_NEXT_SHAPE_ID)
+    return found
+
+
+def _lock_of(entry: NodeEntry | None) -> tuple[float, str]:
+    return (entry.lock_expires, entry.lock_uid) if entry is not None else (0.0, "")
+
+
+def _split(state: ClusterState, candidates: Candidates) -> tuple[list[str], list[str | Mapping[str, Any]]]:
+    """Candidates the index decides (by name) and the others (unknown, or Nodes newer than the cache).
+
+    Nodes sent twice (never by a real scheduler) all go the second way, in their order: two versions of
+    one node must be decided in the order they came, as evaluating one after the other would.
+    """
+    if not candidates or isinstance(candidates[0], str):
+        return list(cast(Sequence[str], candidates)), []
+    objects = cast(Sequence[Mapping[str, Any]], candidates)
+    if len({_name(obj) for obj in objects}) != len(objects):
+        return [], list(objects)
+    names: list[str] = []
+    rest: list[str | Mapping[str, Any]] = []
+    index = state.index
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        entry = state.entry(name)
+        if (
+            name in index
+            and entry is not None
+            and entry.info is not None
+            and entry.info.resource_version == str(meta.get("resourceVersion") or "")
+        ):
+            names.append(name)
+        else:
+            rest.append(obj)
+    return names, rest
+
+
+def _filter_mem(
+    state: ClusterState,
+    plan: RequestPlan,
+    names: list[str],
+    own_node: str | None,
+    now: float,
+    out: FilterOutcome,
+) -> list[str | Mapping[str, Any]]:
+    """Decide a one-container GPU-memory request per node from the index; return what it leaves open.
+
+    Mirrors placement._evaluate_mem: static misfit (unresolvable), then a live lock that blocks, then
+    whole-GPU pods (both left to `evaluate` for their messages), then the fit against the ledger.
+    Records are read by position (layout in gpufleet.extender.index); nodes where only some GPUs meet
+    the request's wishes are decided from their view (`_filter_view`).
+    """
+    get = state.index.get
+    fits, failed, unresolvable = out.fits, out.failed, out.unresolvable
+    rest: list[str | Mapping[str, Any]] = []
+    uid = plan.req.uid
+    share, last = plan.share, plan.count - 1
+    short, static = plan.shortfall, plan.static_misfit
+    lock_blocks = state.lock_blocks
+    unconstrained = not plan.constrained
+    every = frozenset() if unconstrained else plan.all_qualify()
+    sharing = SHARING
+    own = own_node or ""
+    for name in names:
+        r = get(name)
+        if r is None or name == own:
+            rest.append(name)
+            continue
+        if r[17] and (unconstrained or r[1] in every):
+            # The common case: a memory-sharing node without lock or whole-GPU pods, every GPU
+            # qualifying. The k-th most free GPU never has more than the k-th largest.
+            if not last:
+                if r[2] >= share:
+                    fits.append(name)
+                elif r[3] >= share:
+                    failed[name] = short(r[2])
+                else:
+                    unresolvable[name] = static(r[3])
+            elif r[8] > last and r[13][last] >= share:
+                fits.append(name)
+            elif r[8] > last and r[14][last] >= share:
+                failed[name] = short(r[2])
+            else:
+                unresolvable[name] = static(r[3])
+            continue
+        if r[0] != sharing:
+            unresolvable[name] = r[9].shape.error if r[0] == ERROR else NOT_SHARING
+            continue
+        if not unconstrained and r[1] not in every:
+            _filter_view(state, plan, name, r, now, out, rest)
+            continue
+        if last:  # several GPUs: the k-th most free and k-th largest
+            if r[8] <= last or r[14][last] < share:
+                unresolvable[name] = static(r[3])
+                continue
+            kth_free = r[13][last]
+        elif r[3] < share:
+            unresolvable[name] = static(r[3])
+            continue
+        else:
+            kth_free = r[2]
+        if r[6] or (r[4] > now and r[5] != uid and lock_blocks(name, r[5], r[4], uid, now)):
+            rest.append(name)  # evaluate says why (whole-GPU pods, node busy)
+        elif kth_free >= share:
+            fits.append(name)
+        else:
+            failed[name] = short(r[2])
+    return rest
+
+
+def _filter_view(
+    state: ClusterState,
+    plan: RequestPlan,
+    name: str,
+    r: Record,
+    now: float,
+    out: FilterOutcome,
+    rest: list[str | Mapping[str, Any]],
+) -> None:
+    """`_filter_mem` for a node where only some of the GPUs (or none) meet the request's wishes."""
+    mode = plan.mode(r[1])
+    free: tuple[int, ...] = ()
+    total: tuple[int, ...] = ()
+    if mode:
+        view = r[9].view_for(mode)
+        free, total = view.free, view.total
+    share, last, uid = plan.share, plan.count - 1, plan.req.uid
+    if len(total) <= last or total[last] < share:
+        out.unresolvable[name] = plan.static_misfit(total[0] if total else -1)
+    elif r[6] or (r[4] > now and r[5] != uid and state.lock_blocks(name, r[5], r[4], uid, now)):
+        rest.append(name)
+    elif free[last] >= share:
+        out.fits.append(name)
+    else:
+        out.failed[name] = plan.shortfall(free[0])
+
+
+def _filter_containers(
+    state: ClusterState,
+    plan: RequestPlan,
+    names: list[str],
+    own_node: str | None,
+    now: float,
+    out: FilterOutcome,
+) -> list[str | Mapping[str, Any]]:
+    """The nodes where a pod of several GPU-memory containers surely fits, from the index; the rest is
+    left to `evaluate` (which also names the container that does not fit).
+
+    placement._place_containers gives the containers GPUs one after another, each taking `gpus` cards
+    among those with room for its share. When the qualifying GPUs include at least as many cards with room
+    for the largest share as all containers take together, every container finds enough of them that no
+    earlier one has touched: the pod fits, whatever order the policy and the NVLink links choose, and it
+    fits the idle node too (no static misfit). Locks, whole-GPU pods and the pod's own node go to
+    `evaluate`, as in `_filter_mem`.
+    """
+    get = state.index.get
+    req = plan.req
+    largest = max(c.share for c in req.mem)
+    cards = sum(c.gpus for c in req.mem)
+    uid = req.uid
+    own = own_node or ""
+    constrained = plan.constrained
+    fits = out.fits
+    rest: list[str | Mapping[str, Any]] = []
+    for name in names:
+        r = get(name)
+        if r is None or name == own or r[0] != SHARING or r[6] or r[8] < cards:
+            rest.append(name)
+            continue
+        mode = plan.mode(r[1]) if constrained else ALL
+        if mode == ALL:
+            free = r[13]
+        elif mode:
+            free = r[9].view_for(mode).free
+        else:
+            rest.append(name)
+            continue
+        if (
+            len(free) >= cards
+            and free[cards - 1] >= largest
+            and not (r[4] > now and r[5] != uid and state.lock_blocks(name, r[5], r[4], uid, now))
+        ):
+            fits.append(name)
+        else:
+            rest.append(name)
+    return rest
+
+
+def _filter_whole(
+    state: ClusterState,
+    plan: RequestPlan,
+    names: list[str],
+    own_node: str | None,
+    out: FilterOutcome,
+) -> list[str | Mapping[str, Any]]:
+    """Decide a whole-GPU request per node from the index (mirrors placement._evaluate_whole)."""
+    get = state.index.get
+    fits, failed, unresolvable = out.fits, out.failed, out.unresolvable
+    rest: list[str | Mapping[str, Any]] = []
+    req = plan.req
+    wanted = req.whole
+    constrained = plan.constrained
+    messages = plan.messages
+    for name in names:
+        r = get(name)
+        if r is None or name == own_node:
+            rest.append(name)
+            continue
+        code = r[0]
+        if code != WHOLE:
+            unresolvable[name] = r[9].shape.error if code == ERROR else SHARES_MEMORY
+            continue
+        healthy = r[8]
+        if healthy < wanted:
+            unresolvable[name] = f"node has {healthy} healthy GPUs; the pod needs {wanted}"
+            continue
+        if constrained:
+            mode = plan.mode(r[1])
+            if mode != ALL:
+                misfits = healthy - (len(r[9].view_for(mode).total) if mode else 0)
+                if misfits == healthy:
+                    reason = f"no healthy GPU with {req.describe_constraints()}"
+                else:
+                    reason = (
+                        f"node mixes GPUs; {misfits} of its healthy GPUs lack "
+                        f"{req.describe_constraints()} and the kubelet may pick any"
+                    )
+                unresolvable[name] = reason
+                continue
+        available = r[7] - r[6]
+        if available >= wanted:
+            fits.append(name)
+        else:
+            known_reason = messages.get(available)
+            if known_reason is None:
+                known_reason = messages[available] = (
+                    f"not enough free GPUs: needs {wanted}, {max(0, available)} free"
+                )
+            failed[name] = known_reason
+    return rest
+
+
 def filter_nodes(
     state: ClusterState, req: GpuRequest, candidates: Candidates, gpu_policy: Policy, now: float
 ) -> FilterOutcome:
-    """Split the candidates into fitting, failed (maybe later) and unresolvable (never, as things stand)."""
+    """Split the candidates into fitting, failed (maybe later) and unresolvable (never, as things stand).
+
+    One-container GPU-memory requests (any constraint, any GPU count) and whole-GPU requests are decided
+    from the index (gpufleet.extender.index); everything else, and every node the index leaves open,
+    goes through `placement.evaluate`, the single source of truth (tests check that both agree).
+    """
     out = FilterOutcome()
     if req.kind == "none":
         out.fits = [name for name, _, _ in _infos(state, candidates)] if candidates else []
         return out
     policy = req.gpu_policy or gpu_policy
-    own = state.own_usage(req.uid)
-    own_node = own.node if own is not None else None
-    uid = req.uid
-    # Fast path: one container (any constraint, any GPU count), decided from the node's summaries
-    # (unconstrained single GPU) or its cached view; it must agree with placement._evaluate_mem, and
-    # anything it is unsure of (including every unresolvable case, for its message) falls through.
-    fast = len(req.mem) == 1
-    share = req.mem[0].share if fast else 0
-    count = req.mem[0].gpus if fast else 0
-    plain = fast and count == 1 and not req.constrained
-    key = (req.models, req.min_cc)
-    fits, failed = out.fits, out.failed
     with state.lock:
-        if plain and own_node is None and candidates and isinstance(candidates[0], str):
-            # The common request by name: one dict lookup per node; nodes not in the index (not
-            # memory-ready, unknown) and misfits the index cannot explain go on to the loop below.
-            index = state.plain_index
-            rest: list[str] = []
-            for name in cast(Sequence[str], candidates):
-                hit = index.get(name)
-                if hit is not None and (
-                    hit[2] <= now or hit[3] == uid or not state.lock_blocks(name, hit[3], hit[2], uid, now)
-                ):
-                    most_free, biggest = hit[0], hit[1]
-                    if most_free >= share:
-                        fits.append(name)
-                        continue
-                    if biggest >= share:
-                        failed[name] = shortfall(share, 1, most_free)
-                        continue
-                rest.append(name)
-            candidates = rest
-        entries = state.entries()
-        for cand in candidates:
-            if isinstance(cand, str):
-                name, error = cand, ""
-                entry = entries.get(name)
-                info = entry.info if entry is not None else None
-            else:
-                name, info, error = _from_object(state, cand)
-                entry = entries.get(name)
-            if info is None:
-                failed[name] = error or UNKNOWN_NODE
-                continue
-            if (
-                fast
-                and entry is not None
-                and entry.ready
-                and entry.info is info
-                and name != own_node
-                and (
-                    entry.lock_expires <= now
-                    or entry.lock_uid == uid
-                    or not state.lock_blocks(name, entry.lock_uid, entry.lock_expires, uid, now)
-                )
-            ):
-                if plain:
-                    if entry.max_free >= share:
-                        fits.append(name)
-                        continue
-                    if entry.largest >= share:
-                        failed[name] = shortfall(share, 1, entry.max_free)
-                        continue
+        # Everything is read under the lock every change to the state and its index holds, the pod's own
+        # claim too (a bind that re-plans replaces it): no read sees a record older than the ledger.
+        own = state.own_usage(req.uid)
+        own_node = own.node if own is not None else None
+        plan = RequestPlan(req, state.signatures)
+        names, rest = _split(state, candidates)
+        objects = len(rest)  # Nodes newer than the cache, ahead of `names` in `rest`
+        if req.kind == "mem" and len(req.mem) == 1:
+            rest += _filter_mem(state, plan, names, own_node, now, out)
+        elif req.kind == "whole":
+            rest += _filter_whole(state, plan, names, own_node, out)
+        else:
+            rest += _filter_containers(state, plan, names, own_node, now, out)
+        if rest:
+            fast_fits = len(out.fits)
+            in_order = not fast_fits and (not objects or len(rest) == objects)
+            for name, outcome, error, _, _ in _judge(state, plan, rest, policy, now, own_node):
+                if outcome is None:
+                    out.failed[name] = error
+                elif outcome[0] is not None:
+                    out.fits.append(name)
+                elif outcome[2]:
+                    out.unresolvable[name] = outcome[1]
                 else:
-                    cached = entry.views.get(key)
-                    free, total = (
-                        (cached[1], cached[2])
-                        if cached is not None and cached[0] == entry.version
-                        else entry.view(req)
-                    )
-                    if len(free) >= count and free[count - 1] >= share:
-                        fits.append(name)
-                        continue
-                    if len(total) >= count and total[count - 1] >= share:
-                        failed[name] = shortfall(share, count, free[0])
-                        continue
-            verdict = state.evaluate(req, info, policy, now)
-            if verdict.fits:
-                fits.append(name)
-            elif verdict.unresolvable:
-                out.unresolvable[name] = verdict.reason
-            else:
-                failed[name] = verdict.reason
+                    out.failed[name] = outcome[1]
+            if not in_order and len(out.fits) > max(1, fast_fits):
+                out.fits = _in_order(out.fits, candidates)
     if not out.fits:
         out.error = _absurd(state, req, candidates)
     return out
 
 
+def _in_order(fits: list[str], candidates: Candidates) -> list[str]:
+    """`fits` in the candidates' order (a name sent n times fits n times or not at all)."""
+    wanted = set(fits)
+    return [name for name in map(_name, cast(Sequence[Any], candidates)) if name in wanted]
+
+
+def _name(cand: str | Mapping[str, Any]) -> str:
+    return cand if isinstance(cand, str) else str((cand.get("metadata") or {}).get("name") or "")
+
+
 def _absurd(state: ClusterState, req: GpuRequest, candidates: Candidates) -> str:
     """An error for requests no node of the cluster could ever satisfy, empty otherwise."""
-    infos = [i for _, i, _ in _infos(state, candidates) if i is not None]
-    with state.lock:
-        known = [e.info for e in state.entries().values() if e.info is not None]
-    gpus = [g for info in (*known, *infos) for g in info.gpus if g.healthy]
+    largest, most = state.maxima()
+    if candidates and not isinstance(candidates[0], str):
+        # Nodes sent in full may be newer than the cache.
+        for _, info, _ in _infos(state, candidates):
+            if info is not None:
+                largest = max(largest, max((g.memory_gib for g in info.healthy), default=0))
+                most = max(most, len(info.healthy))
     if req.kind == "mem":
-        largest = max((g.memory_gib for g in gpus), default=0)
         if req.max_share > largest:
             return (
                 f"pod {req.key} asks {req.max_share} GiB on one GPU; the largest healthy GPU in the cluster "
                 f"has {largest} GiB"
             )
-    elif req.kind == "whole":
-        most = max((sum(1 for g in i.gpus if g.healthy) for i in (*known, *infos)), default=0)
-        if req.whole > most:
-            return f"pod {req.key} asks {req.whole} whole GPUs; no node has more than {most} healthy GPUs"
+    elif req.kind == "whole" and req.whole > most:
+        return f"pod {req.key} asks {req.whole} whole GPUs; no node has more than {most} healthy GPUs"
     return ""
 
 
-def _capability_rank(placements: Mapping[str, Placement]) -> dict[str, float]:
+def _capability_rank(capabilities: Mapping[str, tuple[int, int, int]]) -> dict[str, float]:
     """Each node's best offered capability as a rank in [0, 1] among the candidates."""
-    levels = sorted({p.capability for p in placements.values()})
+    levels = sorted(set(capabilities.values()))
     if len(levels) < 2:
-        return dict.fromkeys(placements, 1.0)
+        return dict.fromkeys(capabilities, 1.0)
     position = {level: i / (len(levels) - 1) for i, level in enumerate(levels)}
-    return {name: position[p.capability] for name, p in placements.items()}
+    return {name: position[c] for name, c in capabilities.items()}
+
+
+def _composite(util: float, topology: float, rank: float, binpack: bool, multi: bool, most: bool) -> float:
+    """A fitting node's score before scaling: the node policy, plus NVLink and capability when asked."""
+    fill = util if binpack else 1.0 - util
+    total, weight = _W_POLICY * fill, _W_POLICY
+    if multi:
+        total += _W_TOPOLOGY * topology
+        weight += _W_TOPOLOGY
+    if most:
+        total += _W_CAPABILITY * rank
+        weight += _W_CAPABILITY
+    return total / weight
+
+
+def _composites(figures: dict[str, Any], binpack: bool, multi: bool, most: bool) -> dict[str, float]:
+    """`_composite` for every fitting node at once, the same operations in the same order, inline."""
+    wp, wt, wc = _W_POLICY, _W_TOPOLOGY, _W_CAPABILITY
+    weight = wp
+    if multi:
+        weight += wt
+    if most:
+        weight += wc
+        levels = {f[2] for f in figures.values()}
+        if len(levels) > 1:
+            ranks = _capability_rank({n: f[2] for n, f in figures.items()})
+            return {n: _composite(u, t, ranks[n], binpack, multi, True) for n, (u, t, _) in figures.items()}
+        # One level: every rank is 1.0.
+        if multi:
+            if binpack:
+                return {n: (wp * u + wt * t + wc * 1.0) / weight for n, (u, t, _) in figures.items()}
+            return {n: (wp * (1.0 - u) + wt * t + wc * 1.0) / weight for n, (u, t, _) in figures.items()}
+        if binpack:
+            return {n: (wp * u + wc * 1.0) / weight for n, (u, _, _) in figures.items()}
+        return {n: (wp * (1.0 - u) + wc * 1.0) / weight for n, (u, _, _) in figures.items()}
+    if binpack:
+        return {n: (wp * u + wt * t) / weight for n, (u, t, _) in figures.items()}
+    return {n: (wp * (1.0 - u) + wt * t) / weight for n, (u, t, _) in figures.items()}
+
+
+# (utilization after placement, topology, capability) of a fitting node.
+_Figures = tuple[float, float, tuple[int, int, int]]
+
+
+def _figures_mem(
+    state: ClusterState,
+    plan: RequestPlan,
+    names: Sequence[str],
+    own_node: str | None,
+    now: float,
+    binpack: bool,
+    figures: dict[str, Any],
+    handing_off: set[str],
+) -> list[str]:
+    """Where a one-container GPU-memory request would go on each node, from the index.
+
+    Mirrors placement._evaluate_mem and choose_gpus: one GPU is the first in policy order among those
+    with room (`View.pick`); several are the first ones when all the node's GPUs are NVLinked to each
+    other (every set is then perfect). Fills `figures` with the utilisation after placement (one GPU,
+    no "most capable": all the score needs) or `_Figures`. Returns the nodes only `evaluate` can place:
+    unknown, the pod's own node, multi-GPU sets on other topologies, "most capable" among cards of
+    different capability. Records are read by position (layout in gpufleet.extender.index).
+    """
+    get = state.index.get
+    uid = plan.req.uid
+    share, count = plan.share, plan.count
+    last = count - 1
+    constrained = plan.constrained
+    modes = plan.modes
+    most = plan.req.most_capable
+    bare = count == 1 and not most
+    lock_blocks = state.lock_blocks
+    undecided: list[str] = []
+    names = _figures_one(state, plan, names, own_node, now, binpack, figures, undecided)
+    for name in names:
+        r = get(name)
+        if r is None or name == own_node:
+            undecided.append(name)
+            continue
+        if r[0] != SHARING or r[6]:
+            continue  # unresolvable, or whole-GPU pods hold GPUs at unknown places: no placement
+        mode = ALL
+        if constrained:
+            known = modes.get(r[1])
+            mode = plan.mode(r[1]) if known is None else known
+        # The k-th most free GPU never has more than the k-th largest: no static check needed.
+        if mode == ALL:
+            k = r[8]
+            if not last:
+                if r[2] < share:
+                    continue
+            elif k <= last or r[13][last] < share:
+                continue
+            pick = r[10]
+        else:
+            if not mode:
+                continue
+            view = r[9].view_for(mode)
+            free = view.free
+            k = len(free)
+            if k <= last or free[last] < share:
+                continue
+            pick = view.pick
+        locked = r[4] > now and r[5] != uid
+        if locked and lock_blocks(name, r[5], r[4], uid, now):
+            continue
+        n = r[8]
+        if count == 1:
+            p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
+            # placement.utilization with `share` more on GPU p: the same terms summed in the same order.
+            nums, sums = r[11], r[12]
+            x = (nums[p] + share) / nums[n + p]
+            if x > 1.0:
+                x = 1.0
+            util = sum(sums[p + 1 : n], sums[n + p] + x) / n
+            if util > 1.0:
+                util = 1.0
+        elif r[15]:  # meshed
+            if binpack:
+                first = k + bisect_left(pick, share, 0, k)
+                chosen = pick[first : first + count]
+            else:
+                chosen = pick[2 * k : 2 * k + count]
+            util = r[9].util_after(chosen, share)
+        else:
+            undecided.append(name)
+            continue
+        if bare:
+            figures[name] = util
+        else:
+            capability = (r[9].view if mode == ALL else r[9].view_for(mode)).cap
+            if capability is None:
+                if most:  # cards of different capability: choose_gpus orders by it first
+                    undecided.append(name)
+                    continue
+                capability = max(_NO_CAPABILITY, *map(r[9].shape.caps.__getitem__, chosen))
+            figures[name] = (util, 1.0, capability)
+        if locked:
+            handing_off.add(name)
+    return undecided
+
+
+def _figures_one(
+    state: ClusterState,
+    plan: RequestPlan,
+    names: Sequence[str],
+    own_node: str | None,
+    now: float,
+    binpack: bool,
+    figures: dict[str, Any],
+    undecided: list[str],
+) -> list[str]:
+    """`_figures_mem` on unlocked nodes where every GPU qualifies (and, for "most capable", all have
+    the same capability, so the policy alone orders them).
+
+    The case nearly every node of a prioritize call is, in as few steps as possible; returns the nodes
+    that need `_figures_mem`'s full treatment (locked, partly qualifying, not NVLinked throughout,
+    cards of different capability).
+    """
+    get = state.index.get
+    share, count = plan.share, plan.count
+    last = count - 1
+    most = plan.req.most_capable
+    bare = count == 1 and not most
+    every = plan.all_qualify() if plan.constrained else None
+    sharing = SHARING
+    own = own_node or ""
+    # The figures depend on the node version and these alone (every GPU qualifies here, whatever the
+    # wish): kept in the node's memo, a burst of similar pods computes them once per node change.
+    key = _shape_id(("figures", share, count, binpack, most))
+    others: list[str] = []
+    # A card with room takes at most all of its memory, so neither its term (used + share) / memory nor
+    # the mean of terms <= 1 exceeds 1: placement.utilization's min(1.0, ...) never changes them here.
+    for name in names:
+        r = get(name)
+        if r is None or name == own:
+            undecided.append(name)
+            continue
+        if r[0] != sharing or r[6] or r[2] < share:
+            continue  # no placement: not memory sharing, whole-GPU pods, no GPU with room
+        if r[4] > now or (every is not None and r[1] not in every) or (most and r[16] is None):
+            others.append(name)
+            continue
+        memo = r[9].memo
+        if memo is None:
+            memo = r[9].memo = {}
+        else:
+            known = memo.get(key)
+            if known is not None:
+                figures[name] = known
+                continue
+        if not last:
+            k = r[8]
+            pick = r[10]
+            p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
+            # placement.utilization with `share` more on GPU p: the same terms summed in the same order.
+            nums = r[11]
+            sums = r[12]
+            util = sum(sums[p + 1 : k], sums[k + p] + (nums[p] + share) / nums[k + p]) / k
+            figure: Any = util if bare else (util, 1.0, r[16])
+        elif r[8] <= last or r[13][last] < share:
+            continue
+        elif not r[15]:
+            others.append(name)  # not NVLinked throughout: choose_gpus weighs the links
+            continue
+        else:
+            k = r[8]
+            pick = r[10]
+            if binpack:
+                first = k + bisect_left(pick, share, 0, k)
+                chosen = pick[first : first + count]
+            else:
+                chosen = pick[2 * k : 2 * k + count]
+            nums = r[11]
+            terms = r[12][:k].tolist()
+            for p in chosen:
+                terms[p] = (nums[p] + share) / nums[k + p]
+            capability = r[16]  # the cards' common capability, if they have one
+            if capability is None:
+                capability = max(_NO_CAPABILITY, *map(r[9].shape.caps.__getitem__, chosen))
+            figure = (sum(terms) / k, 1.0, capability)
+        if len(memo) >= _MEMO:
+            memo.clear()
+        memo[key] = figures[name] = figure
+    return others
+
+
+def _figures_whole(
+    state: ClusterState,
+    plan: RequestPlan,
+    names: Sequence[str],
+    own_node: str | None,
+    now: float,
+    figures: dict[str, Any],
+    handing_off: set[str],
+) -> list[str]:
+    """Where a whole-GPU request would go on each node, from the index (mirrors _evaluate_whole)."""
+    get = state.index.get
+    uid = plan.req.uid
+    wanted = plan.req.whole
+    bare = wanted == 1 and not plan.req.most_capable
+    constrained = plan.constrained
+    undecided: list[str] = []
+    for name in names:
+        r = get(name)
+        if r is None or name == own_node:
+            undecided.append(name)
+            continue
+        if r[0] != WHOLE or r[8] < wanted or r[7] - r[6] < wanted:
+            continue
+        if constrained and plan.mode(r[1]) != ALL:
+            continue
+        if wanted > 1 and not r[15]:
+            undecided.append(name)
+            continue
+        facts = r[9]
+        util = facts.utilization(r[6] + wanted)
+        if bare:
+            figures[name] = util
+        else:
+            capability = facts.idle_cap if facts.idle_cap is not None else _NO_CAPABILITY
+            figures[name] = (util, 1.0, capability)
+        if r[4] > now and r[5] != uid:
+            handing_off.add(name)
+    return undecided
+
+
+_NO_CAPABILITY = (0, 0, 0)
+
+
+def placement_figures(
+    state: ClusterState, req: GpuRequest, candidates: Candidates, gpu_policy: Policy, now: float
+) -> tuple[dict[str, Any], set[str]]:
+    """Where the request would go on each fitting candidate, and which of them are handing off.
+
+    Per fitting node: the utilisation after placement when that is all the score needs (one GPU, no
+    "most capable"), else (utilization, topology, capability) — exactly the figures of the Placement
+    `placement.evaluate` would make. Handing off: the node's bind-lock is another pod's (see
+    ClusterState.lock_blocks); a bind there waits for that hand-off.
+    """
+    gpolicy = req.gpu_policy or gpu_policy
+    multi = req.whole > 1 or any(c.gpus > 1 for c in req.mem)
+    bare = not multi and not req.most_capable
+    figures: dict[str, Any] = {}
+    handing_off: set[str] = set()
+    with state.lock:  # see filter_nodes
+        own = state.own_usage(req.uid)
+        own_node = own.node if own is not None else None
+        plan = RequestPlan(req, state.signatures)
+        names, rest = _split(state, candidates)
+        if req.kind == "mem" and len(req.mem) == 1:
+            binpack = gpolicy is Policy.BINPACK
+            rest += _figures_mem(state, plan, names, own_node, now, binpack, figures, handing_off)
+        elif req.kind == "whole":
+            rest += _figures_whole(state, plan, names, own_node, now, figures, handing_off)
+        else:
+            rest += names
+        if rest:
+            for name, outcome, _, lock_expires, lock_uid in _judge(state, plan, rest, gpolicy, now, own_node):
+                placed = outcome[0] if outcome is not None else None
+                if placed is None:
+                    continue
+                figures[name] = placed[0] if bare else placed
+                if lock_expires > now and lock_uid != req.uid:
+                    handing_off.add(name)
+    return figures, handing_off
 
 
 def prioritize_nodes(
@@ -205,81 +828,87 @@ def prioritize_nodes(
     now: float,
 ) -> list[tuple[str, int]]:
     """Score each candidate 0-10 from node policy (utilisation after placement), NVLink and capability."""
-    infos = _infos(state, candidates)
-    if req.kind == "none":
-        return [(name, 0) for name, _, _ in infos]
-    npolicy = req.node_policy or node_policy
-    gpolicy = req.gpu_policy or gpu_policy
-    placements: dict[str, Placement] = {}
-    # Fitting nodes whose bind-lock another pod holds (see ClusterState.lock_blocks): a bind there waits
-    # for that hand-off, so they come last while a node without one fits.
-    handing_off: set[str] = set()
-    own = state.own_usage(req.uid)
-    own_node = own.node if own is not None else None
-    # Verdicts are reused while the node and its ledger are unchanged, for requests of the same shape
-    # (container names aside): in a burst of similar pods only the nodes that changed are evaluated.
-    # Not for the pod's own node (its claim is subtracted) nor under a live lock (depends on the pod).
-    shape = (
-        tuple((c.gib, c.gpus) for c in req.mem),
-        req.whole,
-        req.models,
-        req.min_cc,
-        req.most_capable,
-        gpolicy,
-    )
-    with state.lock:
-        for name, info, _ in infos:
-            if info is None:
-                continue
-            entry = state.entry(name)
-            usable = (
-                entry is not None and entry.info is info and name != own_node and entry.lock_expires <= now
-            )
-            cache = entry.verdicts if usable and entry is not None else None
-            version = entry.version if entry is not None else -1
-            hit = cache.get(shape) if cache is not None else None
-            if hit is not None and hit[0] == version:
-                verdict: Verdict = hit[1]
+    table = score_table(state, req, candidates, node_policy, gpu_policy, now)
+    return list(zip(table.names, table.scores(), strict=True))
+
+
+@dataclass(slots=True)
+class ScoreTable:
+    """What prioritize scores the candidates from; `scores()` or `encode()` turn it into the answer.
+
+    Relative scores: integer 0-10 on absolute figures would tie most nodes. The best fitting node gets
+    10, the worst fitting 1 (so fitting always beats not fitting, which gets 0); a fitting node in the
+    middle of another pod's hand-off gets 1 while a node without one fits.
+    """
+
+    names: list[str]  # the candidates, in their order
+    composite: dict[str, float]  # per fitting node
+    handing_off: set[str]
+    low: float
+    span: float
+
+    def scores(self) -> list[int]:
+        """Each candidate's score, in the candidates' order."""
+        get, low, span, top = self.composite.get, self.low, self.span, MAX_PRIORITY - 1
+        if not self.handing_off and span >= 1e-9:
+            return [
+                0 if (v := get(name)) is None else 1 + round(top * (v - low) / span) for name in self.names
+            ]
+        scores = []
+        for name in self.names:
+            value = get(name)
+            if value is None:
+                scores.append(0)
+            elif name in self.handing_off:
+                scores.append(1)
+            elif span < 1e-9:
+                scores.append(MAX_PRIORITY)
             else:
-                verdict = state.evaluate(req, info, gpolicy, now)
-                if cache is not None:
-                    if len(cache) >= 32:
-                        cache.clear()
-                    cache[shape] = (version, verdict)
-            if verdict.placement is not None:
-                placements[name] = verdict.placement
-                if entry is not None and entry.lock_expires > now and entry.lock_uid != req.uid:
-                    handing_off.add(name)
+                scores.append(1 + round(top * (value - low) / span))
+        return scores
+
+    def encode(self, hosts: Mapping[str, str], tails: Sequence[str]) -> list[str]:
+        """`hosts[name] + tails[score]` per candidate (pre-encoded JSON pieces), in one pass."""
+        get, low, span, top = self.composite.get, self.low, self.span, MAX_PRIORITY - 1
+        if not self.handing_off and span >= 1e-9:
+            return [
+                hosts[name] + tails[0 if (v := get(name)) is None else 1 + round(top * (v - low) / span)]
+                for name in self.names
+            ]
+        return [hosts[name] + tails[score] for name, score in zip(self.names, self.scores(), strict=True)]
+
+
+def score_table(
+    state: ClusterState,
+    req: GpuRequest,
+    candidates: Candidates,
+    node_policy: Policy,
+    gpu_policy: Policy,
+    now: float,
+) -> ScoreTable:
+    """The figures `prioritize_nodes` scores by."""
+    if not candidates or isinstance(candidates[0], str):
+        order = list(cast(Sequence[str], candidates))
+    else:
+        order = [_name(c) for c in cast(Sequence[Any], candidates)]
+    if req.kind == "none":
+        return ScoreTable(order, {}, set(), 0.0, 0.0)
+    npolicy = req.node_policy or node_policy
     multi = req.whole > 1 or any(c.gpus > 1 for c in req.mem)
-    ranks = _capability_rank(placements) if req.most_capable else {}
-    composite: dict[str, float] = {}
-    for name, placement in placements.items():
-        fill = placement.utilization if npolicy is Policy.BINPACK else 1.0 - placement.utilization
-        total, weight = _W_POLICY * fill, _W_POLICY
-        if multi:
-            total += _W_TOPOLOGY * placement.topology
-            weight += _W_TOPOLOGY
-        if req.most_capable:
-            total += _W_CAPABILITY * ranks[name]
-            weight += _W_CAPABILITY
-        composite[name] = total / weight
-    # Relative scores: integer 0-10 on absolute figures would tie most nodes. The best fitting node
-    # gets 10, the worst fitting 1 (so fitting always beats not fitting, which gets 0).
+    most = req.most_capable
+    bare = not multi and not most
+    figures, handing_off = placement_figures(state, req, candidates, gpu_policy, now)
+    binpack_nodes = npolicy is Policy.BINPACK
+    composite: dict[str, float]
+    if bare:
+        # _composite without NVLink and capability terms: 1.0 * fill / 1.0.
+        composite = figures if binpack_nodes else {n: 1.0 - u for n, u in figures.items()}
+    else:
+        composite = _composites(figures, binpack_nodes, multi, most)
     if handing_off and len(handing_off) < len(composite):
         ranked = {n: c for n, c in composite.items() if n not in handing_off}
     else:
         ranked, handing_off = composite, set()
     low = min(ranked.values(), default=0.0)
     high = max(ranked.values(), default=0.0)
-    span = high - low
-    scores = []
-    for name, _, _ in infos:
-        if name not in composite:
-            scores.append((name, 0))
-        elif name in handing_off:
-            scores.append((name, 1))
-        elif span < 1e-9:
-            scores.append((name, MAX_PRIORITY))
-        else:
-            scores.append((name, 1 + round((MAX_PRIORITY - 1) * (composite[name] - low) / span)))
-    return scores
+    return ScoreTable(order, composite, handing_off, low, high - low)

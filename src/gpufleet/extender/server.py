@@ -155,9 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
             args = self._parse(body)
             api = self.server.extender.api
             result = (
-                api.filter(args)
+                api.filter_json(args)
                 if verb == "filter"
-                else (api.prioritize(args) if verb == "prioritize" else api.bind(args))
+                else (api.prioritize_json(args) if verb == "prioritize" else api.bind(args))
             )
             self._send(status, result)
         except _HttpError as exc:

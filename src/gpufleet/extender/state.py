@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.extender.model import Gpu, NodeInfo, node_info
-from gpufleet.extender.placement import Placement, Verdict, evaluate, qualifying, utilization
+from gpufleet.extender.index import NodeFacts, NodeShape, Record, Signatures
+from gpufleet.extender.index import record as index_record
+from gpufleet.extender.model import NodeInfo, node_info
+from gpufleet.extender.placement import Placement, Verdict, evaluate
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod, whole_gpus
 from gpufleet.handoff import (
     ALLOCATED_ANNOTATION,
@@ -81,67 +83,39 @@ class Reservation:
 
 @dataclass(slots=True)
 class NodeEntry:
-    """One node's GPUs and ledger, with summaries the filter's fast path reads."""
+    """One node's GPUs and ledger, with the facts the filter and prioritize read (see `index`)."""
 
     name: str
     info: NodeInfo | None = None
     used: dict[str, int] = field(default_factory=dict)
     whole: int = 0
     pods: dict[str, PodUsage] = field(default_factory=dict)
-    # Summaries, recomputed whenever the node or its ledger changes (which bumps `version`); the
-    # filter's hot loop reads these flat fields instead of walking GPUs.
-    largest: int = 0
-    max_free: int = -1
+    # Derived on every change of the node or its ledger (which bumps `version`).
+    shape: NodeShape | None = None  # from `info` alone
+    facts: NodeFacts | None = None  # `shape` with the ledger
     util: float = 0.0
-    ready: bool = False  # shares memory, GPUs parse, no whole-GPU pods: memory pods may fit
     lock_uid: str = ""
     lock_expires: float = 0.0
     version: int = 0
-    # Per GPU constraint: (version, free GiB, total GiB) of the qualifying GPUs, largest first.
-    views: dict[Any, tuple[int, tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    # Per GPU constraint: the qualifying GPUs and their total GiB sorted; reset when the node changes.
-    qualified: dict[Any, tuple[tuple[Gpu, ...], tuple[int, ...]]] = field(default_factory=dict)
-    # Per request shape: (version, verdict) for prioritize; see scheduling.prioritize_nodes.
-    verdicts: dict[Any, tuple[int, Verdict]] = field(default_factory=dict)
 
     def refresh(self) -> None:
-        """Recompute the summaries from the node's GPUs and ledger."""
+        """Recompute the derived facts from the node's GPUs and ledger."""
         self.version += 1
         info = self.info
         lock = info.lock if info is not None else None
         self.lock_uid, self.lock_expires = (lock.pod_uid, lock.expires) if lock is not None else ("", 0.0)
-        if info is None or info.gpu_error:
-            self.largest, self.max_free, self.util, self.ready = 0, -1, 0.0, False
+        if info is None or self.shape is None:
+            self.facts, self.util = None, 0.0
             return
-        self.ready = info.sharing and self.whole == 0
-        self.largest = max((g.memory_gib for g in info.healthy), default=0)
-        self.max_free = max((g.memory_gib - self.used.get(g.uuid, 0) for g in info.healthy), default=-1)
-        self.util = utilization(info, self.used, self.whole)
+        self.facts = NodeFacts(self.shape, self.used)
+        self.util = 0.0 if info.gpu_error else self.facts.utilization(self.whole)
 
-    def view(self, req: GpuRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Free and total GiB of the GPUs qualifying for `req`, each sorted largest first.
-
-        Cached per constraint until the node or its ledger changes, so a burst of similar pods costs
-        one pass over the GPUs per node, not one per pod.
-        """
-        key = (req.models, req.min_cc)
-        hit = self.views.get(key)
-        if hit is not None and hit[0] == self.version:
-            return hit[1], hit[2]
-        # Which GPUs qualify depends on the node alone, not its ledger: keep that across ledger changes.
-        known = self.qualified.get(key)
-        if known is None:
-            assert self.info is not None
-            if len(self.qualified) >= 32:  # many distinct constraints: start over rather than grow
-                self.qualified.clear()
-            gpus = tuple(qualifying(self.info, req))
-            known = self.qualified[key] = (gpus, tuple(sorted((g.memory_gib for g in gpus), reverse=True)))
-        gpus, total = known
-        free = tuple(sorted((g.memory_gib - self.used.get(g.uuid, 0) for g in gpus), reverse=True))
-        if len(self.views) >= 32:
-            self.views.clear()
-        self.views[key] = (self.version, free, total)
-        return free, total
+    def record(self) -> Record | None:
+        """The node's index record (None while the node is unknown)."""
+        facts, shape = self.facts, self.shape
+        if facts is None or shape is None:
+            return None
+        return index_record(shape, facts, self.lock_expires, self.lock_uid, self.whole)
 
 
 def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
@@ -214,9 +188,14 @@ class ClusterState:
         self._contrib: dict[str, PodUsage] = {}
         # UIDs whose claim is "binding" (expires with time): all a sweep needs to look at.
         self._binding: set[str] = set()
-        # Memory-ready nodes -> (most free GiB on a healthy GPU, largest healthy GPU, lock expiry, lock
-        # holder UID): the filter's plain request reads one tuple per node (see scheduling.filter_nodes).
-        self.plain_index: dict[str, tuple[int, int, float, str]] = {}
+        # Every known node -> its index record, rebuilt whenever the node or its ledger changes: what
+        # filter and prioritize read per candidate (see gpufleet.extender.index).
+        self.index: dict[str, Record] = {}
+        self.signatures = Signatures()
+        # How many known nodes have each largest healthy GPU (GiB) and each healthy GPU count: the
+        # cluster-wide maxima the filter names for requests no node could ever take.
+        self._largest: dict[int, int] = {}
+        self._counts: dict[int, int] = {}
         self._synced: set[str] = set()
         self.watch_error: str | None = None
 
@@ -288,26 +267,67 @@ class ClusterState:
         return entry
 
     def _put_node(self, obj: Mapping[str, Any]) -> str | None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        previous = self._nodes[name].info if isinstance(name, str) and name in self._nodes else None
         try:
-            info = node_info(obj)
+            info = node_info(obj, previous)
         except ValueError:
             return None
         entry = self._entry(info.name)
-        entry.info = info
-        entry.qualified.clear()
+        self._set_info(entry, info)
         self._refresh(entry)
         return info.name
 
+    def _set_info(self, entry: NodeEntry, info: NodeInfo | None) -> None:
+        old = entry.info
+        shape = entry.shape
+        if (
+            info is not None
+            and old is not None
+            and shape is not None
+            and old.gpus is info.gpus
+            and old.gpu_error == info.gpu_error
+            and old.sharing == info.sharing
+        ):
+            entry.info = info  # same GPUs (only the lock or other metadata changed): same shape
+            return
+        if old is not None:
+            self._tally(old, -1)
+        entry.info = info
+        if info is None:
+            entry.shape = None
+        else:
+            self._tally(info, 1)
+            entry.shape = NodeShape(info, self.signatures.id(info.kinds))
+
+    def _tally(self, info: NodeInfo, delta: int) -> None:
+        for counts, value in (
+            (self._largest, max((g.memory_gib for g in info.healthy), default=0)),
+            (self._counts, len(info.healthy)),
+        ):
+            left = counts.get(value, 0) + delta
+            if left > 0:
+                counts[value] = left
+            else:
+                counts.pop(value, None)
+
+    def maxima(self) -> tuple[int, int]:
+        """The largest healthy GPU (GiB) and the most healthy GPUs on one node, over known nodes."""
+        with self.lock:
+            return max(self._largest, default=0), max(self._counts, default=0)
+
     def _refresh(self, entry: NodeEntry) -> None:
         entry.refresh()
-        if entry.ready:
-            self.plain_index[entry.name] = (entry.max_free, entry.largest, entry.lock_expires, entry.lock_uid)
+        record = entry.record()
+        if record is not None:
+            self.index[entry.name] = record
         else:
-            self.plain_index.pop(entry.name, None)
+            self.index.pop(entry.name, None)
 
     def _drop_node(self, name: str) -> None:
         entry = self._nodes[name]
-        entry.info = None
+        self._set_info(entry, None)
         self._refresh(entry)
         if not entry.pods:
             del self._nodes[name]

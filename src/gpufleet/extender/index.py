@@ -1,0 +1,302 @@
+"""Per-node facts filter and prioritize read, kept current on every cache change instead of per request.
+
+Every change to a node or to its ledger rebuilds that node's `NodeFacts` (a few microseconds, on the
+watch or bind thread), and `ClusterState.index` maps node name -> one flat `Record` tuple. A request then
+costs one dict lookup and a few comparisons per candidate node, whatever its constraints:
+
+* a node's healthy GPUs fall into few *kinds* (model tokens, compute capability) and a node's kinds into
+  a *signature* shared by many nodes; a request's model/capability constraint is decided once per
+  signature (`RequestPlan.mode`), not per node or GPU, so a request shape never seen before is no slower
+  than a familiar one;
+* a `View` holds what the decisions need of the GPUs that qualify: free and total GiB largest first (fit,
+  static misfit, shortfall), and the GPUs in binpack and spread order (which card prioritize would pick).
+  The view of all healthy GPUs and, on mixed nodes, the view of each kind are built with the facts; other
+  subsets lazily, once per node version.
+
+Everything here mirrors `placement.evaluate` exactly (tests compare both over randomized histories);
+whatever it does not cover, callers hand to `evaluate`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpufleet.extender.model import NodeInfo
+from gpufleet.extender.placement import link, needs, shortfall
+from gpufleet.extender.request import GpuRequest
+
+# Record codes: what kind of node it is.
+ERROR = 0  # its GPUs cannot be read (NodeInfo.gpu_error): unresolvable for any GPU request
+SHARING = 1  # shares GPU memory (gpufleet.io/gpu-sharing=memory)
+WHOLE = 2  # offers whole GPUs only
+
+# A node's index record, one flat tuple read by position in the hot loops (each object a request touches
+# per node costs, at 5,000 nodes, more than the arithmetic; small ints and the shared 0.0 and "" are free):
+#   0 code, 1 signature id, 2 most free GiB on a healthy GPU (-1: none), 3 largest healthy GPU (-1: none),
+#   4 lock expiry (0.0: none), 5 lock holder UID, 6 whole GPUs held, 7 idle healthy GPUs,
+#   8 healthy GPUs (n), 9 NodeFacts, 10 View.pick, 11 NodeFacts.nums, 12 NodeFacts.sums,
+#   13 free GiB largest first, 14 total GiB largest first (9-14 over all healthy GPUs),
+#   15 whether all healthy GPUs are NVLinked to each other, 16 View.cap of all healthy GPUs,
+#   17 plain: shares memory, no whole-GPU pods, no bind-lock (live or not): only the GiB decide.
+Record = tuple[Any, ...]
+
+Kind = tuple[frozenset[str], tuple[int, int]]
+
+
+class View:
+    """The GPUs of one node that qualify for some requests: their free/total GiB and pick orders."""
+
+    __slots__ = ("cap", "free", "pick", "total")
+
+    def __init__(
+        self,
+        positions: tuple[int, ...],
+        free_p: tuple[int, ...],
+        shape: NodeShape,
+    ) -> None:
+        index = shape.index
+        self.free = tuple(sorted((free_p[p] for p in positions), reverse=True))
+        self.total = tuple(sorted((shape.mem[p] for p in positions), reverse=True))
+        # Binpack takes the card with the least free GiB that fits (ties: lowest index), spread the one
+        # with the most (ties: lowest index). One flat tuple of k free GiB ascending, the k positions in
+        # that order and the k positions in spread order, so a pick touches one object:
+        # binpack: pick[k + bisect_left(pick, share, 0, k)], spread: pick[2 * k].
+        asc = sorted(positions, key=lambda p: (free_p[p], index[p]))
+        desc = sorted(positions, key=lambda p: (-free_p[p], index[p]))
+        self.pick = (*(free_p[p] for p in asc), *asc, *desc)
+        caps = {shape.caps[p] for p in positions}
+        # The capability every card of the view shares ("most capable" then orders as the policy does),
+        # as placement reports it for any set of them (the max with (0, 0, 0) it starts from).
+        self.cap = max((0, 0, 0), caps.pop()) if len(caps) == 1 else None
+
+
+class NodeShape:
+    """What the decisions need of a NodeInfo alone (not its ledger); built once per node version."""
+
+    __slots__ = (
+        "caps",
+        "code",
+        "error",
+        "full",
+        "index",
+        "kind_of",
+        "kinds",
+        "mem",
+        "meshed",
+        "n",
+        "sig",
+        "uuids",
+    )
+
+    def __init__(self, info: NodeInfo, sig: int) -> None:
+        healthy = info.healthy
+        self.code = ERROR if info.gpu_error else SHARING if info.sharing else WHOLE
+        self.error = info.gpu_error or ""
+        self.sig = sig
+        self.kinds: tuple[Kind, ...] = info.kinds
+        self.full = (1 << len(info.kinds)) - 1
+        where = {kind: i for i, kind in enumerate(info.kinds)}
+        self.kind_of = tuple(where[(g.tokens, g.cc)] for g in healthy)
+        self.uuids = tuple(g.uuid for g in healthy)
+        self.mem = tuple(g.memory_gib for g in healthy)
+        self.index = tuple(g.index for g in healthy)
+        self.caps = tuple(g.capability for g in healthy)
+        self.n = len(healthy)
+        # Every pair NVLinked (NVSwitch): every multi-GPU set is perfect, so `choose_gpus` takes the first
+        # cards in policy order.
+        self.meshed = all(link(a, b) == 1.0 for i, a in enumerate(healthy) for b in healthy[i + 1 :])
+
+    def positions(self, mask: int) -> tuple[int, ...]:
+        """Positions (in `info.healthy`) of the GPUs whose kind is in `mask`."""
+        kind_of = self.kind_of
+        return tuple(p for p in range(self.n) if mask >> kind_of[p] & 1)
+
+
+class NodeFacts:
+    """One node version with its ledger: free GiB and utilisation terms per healthy GPU, and views.
+
+    `nums` is (GiB used per healthy GPU..., GiB per healthy GPU...) and `sums` (placement.utilization's
+    term per healthy GPU..., what sum() has added up before each term...), flat so that the utilisation
+    after a placement touches two objects: sum(sums[p + 1 : n], sums[n + p] + x) is exactly the sum of
+    the terms with term p replaced by x.
+    """
+
+    __slots__ = (
+        "busy",
+        "free_p",
+        "idle",
+        "idle_cap",
+        "memo",
+        "n",
+        "nums",
+        "shape",
+        "sums",
+        "view",
+        "views",
+    )
+
+    def __init__(self, shape: NodeShape, used: Mapping[str, int]) -> None:
+        self.shape = shape
+        mem = shape.mem
+        self.n = n = shape.n
+        used_p = tuple(used.get(u, 0) for u in shape.uuids)
+        self.nums = used_p + mem
+        self.free_p = free_p = tuple(m - u for m, u in zip(mem, used_p, strict=True))
+        terms = tuple(min(1.0, u / m) if m else 1.0 for m, u in zip(mem, used_p, strict=True))
+        prefix: list[float] = [0]
+        for term in terms:
+            prefix.append(prefix[-1] + term)
+        self.sums = array("d", terms + tuple(prefix))
+        self.busy = sum(terms)
+        idle = [p for p in range(n) if used_p[p] == 0]
+        self.idle = len(idle)
+        self.idle_cap = min((shape.caps[p] for p in idle), default=None)
+        self.view = View(tuple(range(n)), free_p, shape)
+        self.views: dict[int, View] = {shape.full: self.view}
+        # What requests of one shape (an int from scheduling._shape_id) came to on this node version:
+        # `evaluate`'s verdicts for requests the index does not decide, prioritize's placement figures
+        # for those it does. They die with this version of the node.
+        self.memo: dict[int, Any] | None = None
+        if len(shape.kinds) > 1:
+            for k in range(len(shape.kinds)):
+                self.views[1 << k] = View(shape.positions(1 << k), free_p, shape)
+
+    def view_for(self, mask: int) -> View:
+        """The view of the GPUs whose kind is in `mask` (built on first use for this version)."""
+        view = self.views.get(mask)
+        if view is None:
+            view = self.views[mask] = View(self.shape.positions(mask), self.free_p, self.shape)
+        return view
+
+    def utilization(self, whole: int) -> float:
+        """placement.utilization for this ledger and `whole` GPUs held at unknown positions."""
+        if not self.n:
+            return 0.0
+        return min(1.0, (self.busy + whole) / self.n)
+
+    def util_after(self, positions: Sequence[int], share: int) -> float:
+        """placement.utilization after `share` GiB more on each of `positions` (no whole GPUs held)."""
+        n, nums = self.n, self.nums
+        terms = list(self.sums[:n])
+        for p in positions:
+            m = nums[n + p]
+            terms[p] = min(1.0, (nums[p] + share) / m) if m else 1.0
+        return min(1.0, sum(terms) / n)
+
+
+class Signatures:
+    """Interns each distinct tuple of GPU kinds as a small integer (cluster-wide, grows with variety)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[Kind, ...], int] = {}
+        self.kinds: list[tuple[Kind, ...]] = []
+
+    def id(self, kinds: tuple[Kind, ...]) -> int:
+        """The signature's id."""
+        sig = self.ids.get(kinds)
+        if sig is None:
+            sig = self.ids[kinds] = len(self.kinds)
+            self.kinds.append(kinds)
+        return sig
+
+
+# RequestPlan.mode: every kind of the signature qualifies.
+ALL = -1
+
+
+class RequestPlan:
+    """What one request needs per signature and per figure, worked out once per request, not per node."""
+
+    __slots__ = (
+        "_short",
+        "_sigs",
+        "_static",
+        "constrained",
+        "count",
+        "messages",
+        "modes",
+        "req",
+        "share",
+        "what",
+    )
+
+    def __init__(self, req: GpuRequest, sigs: Signatures) -> None:
+        self.req = req
+        self._sigs = sigs
+        self.constrained = req.constrained
+        first = req.mem[0] if req.mem else None
+        self.share = first.share if first else 0
+        self.count = first.gpus if first else 0
+        self.what = needs(self.share, self.count)
+        # Signature id -> ALL, 0 (no kind qualifies) or the bit mask of the kinds that do.
+        self.modes: dict[int, int] = {}
+        self.messages: dict[Any, str] = {}
+        self._short: dict[int, str] = {}
+        self._static: dict[int, str] = {}
+
+    def mode(self, sig: int) -> int:
+        """Which of the signature's kinds meet the request's model and capability constraints."""
+        mode = self.modes.get(sig)
+        if mode is None:
+            kinds = self._sigs.kinds[sig]
+            mode = 0
+            if self.constrained:
+                qualifies = self.req.gpu_qualifies
+                for k, (tokens, cc) in enumerate(kinds):
+                    if qualifies(tokens, cc):
+                        mode |= 1 << k
+            if not self.constrained or mode == (1 << len(kinds)) - 1:
+                mode = ALL
+            self.modes[sig] = mode
+        return mode
+
+    def all_qualify(self) -> frozenset[int]:
+        """The signatures (known so far) all of whose kinds qualify."""
+        return frozenset(sig for sig in range(len(self._sigs.kinds)) if self.mode(sig) == ALL)
+
+    def static_misfit(self, biggest: int) -> str:
+        """placement._mem_shortfall(static=True) for a single container; `biggest` -1: no GPU qualifies."""
+        reason = self._static.get(biggest)
+        if reason is None:
+            if biggest >= 0:
+                reason = f"needs {self.what}; the largest qualifying healthy GPU has {biggest} GiB"
+            else:
+                wanted = self.req.describe_constraints()
+                reason = f"no healthy GPU{' with ' + wanted if wanted else ''} (needs {self.what})"
+            self._static[biggest] = reason
+        return reason
+
+    def shortfall(self, most_free: int) -> str:
+        """placement.shortfall for the single container, memoised by the figure it names."""
+        reason = self._short.get(most_free)
+        if reason is None:
+            reason = self._short[most_free] = shortfall(self.share, self.count, most_free)
+        return reason
+
+
+def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: str, whole: int) -> Record:
+    """A node's index record (layout above)."""
+    view = facts.view
+    free, total = view.free, view.total
+    return (
+        shape.code,
+        shape.sig,
+        free[0] if free else -1,
+        total[0] if total else -1,
+        lock_expires,
+        lock_uid,
+        whole,
+        facts.idle,
+        shape.n,
+        facts,
+        view.pick,
+        facts.nums,
+        facts.sums,
+        free,
+        total,
+        shape.meshed,
+        view.cap,
+        shape.code == SHARING and not whole and not lock_uid,
+    )
