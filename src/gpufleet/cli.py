@@ -12,7 +12,7 @@ from gpufleet import __version__
 # Each module exposes register(subparsers) -> None and sets `func` on its parsers.
 _COMMAND_MODULES = ("gpufleet.sim.cli", "gpufleet.gpu.cli", "gpufleet.lab.cli", "gpufleet.fleetlab.cli",
                     "gpufleet.extender.cli", "gpufleet.testhosts.cli", "gpufleet.validation.cli",
-                    "gpufleet.runner.cli")
+                    "gpufleet.runner.cli", "gpufleet.wheelhouse")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,15 +45,15 @@ class Lab:
             pytest.fail(f"the lab did not come up: {self.error}")
         return self.state
 
-    def playbook(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def playbook(self, *args: str, playbook: str = "site.yml") -> subprocess.CompletedProcess[str]:
         self.require()
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PATH=os.pathsep.join(
             [str(ANSIBLE_PLAYBOOK.parent), os.environ.get("PATH", "")]))  # fmt: skip
         run = subprocess.run(
-            [str(ANSIBLE_PLAYBOOK), "-i", str(self.spec.inventory_dir), "site.yml", *args],
+            [str(ANSIBLE_PLAYBOOK), "-i", str(self.spec.inventory_dir), playbook, *args],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False,
         )  # fmt: skip
-        log = self.spec.state_dir.parent / f"site-{len(self.runs) + 1}.log"
+        log = self.spec.state_dir.parent / f"{Path(playbook).stem}-{len(self.runs) + 1}.log"
         log.write_text(run.stdout + run.stderr)
         self.runs.append(run)
         return run
@@ -151,7 +151,56 @@ def test_second_run_changes_nothing(lab: Lab) -> None:
     stats = recap(run.stdout)
     changed = {host: s["changed"] for host, s in stats.items() if s["changed"]}
     assert not changed, f"a second converge changed something: {changed}\n" + "\n".join(
-        line for line in run.stdout.splitlines() if line.startswith("changed:"))
+        line for line in run.stdout.splitlines() if line.startswith("changed:")
+    )
+
+
+def _unit_states(lab: Lab) -> dict[str, str]:
+    argv = ("systemctl", "is-active", "gpufleet-device-plugin")
+    states = {}
+    for host in lab.spec.hosts:
+        states[host.name] = podman("exec", lab.spec.container(host), *argv, check=False).stdout.strip()
+    return states
+
+
+def _daemonsets(lab: Lab) -> list[str]:
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=lab.require()["supervisor"]["kubeconfig"])
+    try:
+        items = client.AppsV1Api(api).list_daemon_set_for_all_namespaces(_request_timeout=10).items
+        return [d.metadata.name for d in items]
+    finally:
+        api.close()
+
+
+def test_device_plugin_moves_to_systemd_units_and_back(lab: Lab, tmp_path: Path) -> None:
+    """The role's other mode on the same hosts: the plugin as a systemd unit in a virtualenv installed from a
+    wheelhouse (the hosts reach no package index), the DaemonSet gone; then back, the units gone."""
+    lab.require()
+    from gpufleet import wheelhouse
+
+    wheels = tmp_path / "wheels"
+    wheelhouse.build(wheels)
+    systemd = ("-e", "gpufleet_kubernetes_device_plugin_mode=systemd",
+               "-e", f"gpufleet_kubernetes_device_plugin_wheelhouse={wheels}")  # fmt: skip
+    run = lab.playbook(*systemd, playbook="playbooks/kubernetes.yml")
+    assert run.returncode == 0, f"systemd mode failed:\n{failures(run.stdout + run.stderr)}"
+    assert _unit_states(lab) == dict.fromkeys(GPUS, "active")
+    assert "gpufleet-device-plugin" not in _daemonsets(lab)
+    nodes = fleetlab.node_conditions(lab.require()["supervisor"]["kubeconfig"])
+    assert {name: nodes.get(name, {}).get("gpus") for name in GPUS} == GPUS
+    again = lab.playbook(*systemd, playbook="playbooks/kubernetes.yml")
+    changed = {h: s["changed"] for h, s in recap(again.stdout).items() if s["changed"]}
+    assert again.returncode == 0, f"systemd mode, second run:\n{failures(again.stdout + again.stderr)}"
+    assert not changed, f"systemd mode, second run changed: {changed}"
+
+    back = lab.playbook(playbook="playbooks/kubernetes.yml")
+    assert back.returncode == 0, f"back to the DaemonSet failed:\n{failures(back.stdout + back.stderr)}"
+    assert set(_unit_states(lab).values()) <= {"inactive", "unknown"}, _unit_states(lab)
+    assert "gpufleet-device-plugin" in _daemonsets(lab)
+    nodes = fleetlab.node_conditions(lab.require()["supervisor"]["kubeconfig"])
+    assert {name: nodes.get(name, {}).get("gpus") for name in GPUS} == GPUS
 
 
 def test_down_removes_everything(lab: Lab) -> None:
