@@ -116,7 +116,7 @@ def reference_prioritize(
     gpu_policy: Policy,
     now: float,
 ) -> list[tuple[str, int]]:
-    """The scoring as it always was: evaluate() per node, then the relative 0-10 scale."""
+    """The scoring by brute force: evaluate() per node, then the relative 0-10 scale."""
     infos = [_reference_info(state, c) for c in candidates]
     if req.kind == "none":
         return [(name, 0) for name, _, _ in infos]
@@ -147,6 +147,15 @@ def reference_prioritize(
             total += 3.0 * position.get(placement.capability, 1.0)
             weight += 3.0
         composite[name] = total / weight
+    # A node in a hand-off is ranked last only while a free fitting node matches it on the pod's wish.
+    wish = {
+        name: (2.0 * p.topology if multi else 0.0)
+        + (3.0 * position.get(p.capability, 1.0) if req.most_capable else 0.0)
+        for name, p in placements.items()
+    }
+    free = [wish[n] for n in placements if n not in handing_off]
+    if free:
+        handing_off = {n for n in handing_off if wish[n] <= max(free) + 1e-9}
     if handing_off and len(handing_off) < len(composite):
         ranked = {n: c for n, c in composite.items() if n not in handing_off}
     else:

@@ -551,6 +551,22 @@ def _composites(figures: dict[str, Any], binpack: bool, multi: bool, most: bool)
     return {n: (wp * (1.0 - u) + wt * t) / weight for n, (u, t, _) in figures.items()}
 
 
+def _wish_not_better(figures: dict[str, Any], handing_off: set[str], multi: bool, most: bool) -> set[str]:
+    """The nodes in a hand-off that a free fitting node matches on what the pod asked for (NVLink, most
+    capable): only those are ranked last. Waiting up to `lock_wait` beats a worse card for the pod's life."""
+    free = [n for n in figures if n not in handing_off]
+    if not free:
+        return handing_off
+    ranks = _capability_rank({n: f[2] for n, f in figures.items()}) if most else {}
+
+    def wish(name: str) -> float:
+        topology = _W_TOPOLOGY * figures[name][1] if multi else 0.0
+        return topology + (_W_CAPABILITY * ranks[name] if most else 0.0)
+
+    best_free = max(wish(n) for n in free)
+    return {n for n in handing_off if n not in figures or wish(n) <= best_free + 1e-9}
+
+
 # (utilization after placement, topology, capability) of a fitting node.
 _Figures = tuple[float, float, tuple[int, int, int]]
 
@@ -838,7 +854,8 @@ class ScoreTable:
 
     Relative scores: integer 0-10 on absolute figures would tie most nodes. The best fitting node gets
     10, the worst fitting 1 (so fitting always beats not fitting, which gets 0); a fitting node in the
-    middle of another pod's hand-off gets 1 while a node without one fits.
+    middle of another pod's hand-off gets 1 while a node without one fits as well on what the pod asked
+    for (NVLink, most capable).
     """
 
     names: list[str]  # the candidates, in their order
@@ -905,6 +922,8 @@ def score_table(
         composite = figures if binpack_nodes else {n: 1.0 - u for n, u in figures.items()}
     else:
         composite = _composites(figures, binpack_nodes, multi, most)
+    if handing_off and not bare:
+        handing_off = _wish_not_better(figures, handing_off, multi, most)
     if handing_off and len(handing_off) < len(composite):
         ranked = {n: c for n, c in composite.items() if n not in handing_off}
     else:
