@@ -93,7 +93,11 @@ options:
     type: str
     default: system-node-critical
   resources:
-    description: The container's resources. Default requests 10m CPU and 64Mi memory, limits memory to 128Mi.
+    description:
+      - The container's resources.
+      - Default requests 100m CPU and 64Mi memory and limits memory to 128Mi. Allocate is on the start path of
+        every GPU pod, and under CPU contention the request is the plugin's share; no CPU limit, whose
+        throttling would add latency.
     type: dict
   host_root:
     description:

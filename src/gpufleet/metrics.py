@@ -80,19 +80,26 @@ class Metrics:
 
     def render(self) -> str:
         """All series as exposition text."""
-        lines: list[str] = []
+        # A snapshot under the lock, formatted after it: the lock is shared with the hot paths (Allocate
+        # counts under it), which must never wait for a scrape's string work.
         with self._lock:
-            for name in sorted(self._values):
-                lines += self._header(name, "untyped")
-                lines += [_series(name, labels, v) for labels, v in sorted(self._values[name].items())]
-            for name in sorted(self._histograms):
-                lines += self._header(name, "histogram")
-                for labels, row in sorted(self._histograms[name].items()):
-                    for bound, count in zip(BUCKETS, row, strict=False):
-                        lines.append(_series(f"{name}_bucket", (*labels, ("le", repr(bound))), count))
-                    lines.append(_series(f"{name}_bucket", (*labels, ("le", "+Inf")), row[-2]))
-                    lines.append(_series(f"{name}_count", labels, row[-2]))
-                    lines.append(_series(f"{name}_sum", labels, row[-1]))
+            values = {name: list(series.items()) for name, series in self._values.items()}
+            histograms = {
+                name: [(labels, list(row)) for labels, row in series.items()]
+                for name, series in self._histograms.items()
+            }
+        lines: list[str] = []
+        for name in sorted(values):
+            lines += self._header(name, "untyped")
+            lines += [_series(name, labels, v) for labels, v in sorted(values[name])]
+        for name in sorted(histograms):
+            lines += self._header(name, "histogram")
+            for labels, row in sorted(histograms[name]):
+                for bound, count in zip(BUCKETS, row, strict=False):
+                    lines.append(_series(f"{name}_bucket", (*labels, ("le", repr(bound))), count))
+                lines.append(_series(f"{name}_bucket", (*labels, ("le", "+Inf")), row[-2]))
+                lines.append(_series(f"{name}_count", labels, row[-2]))
+                lines.append(_series(f"{name}_sum", labels, row[-1]))
         seen: set[str] = set()
         for source in self._gauges:
             for name, text, labels, value in source():
