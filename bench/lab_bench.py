@@ -63,14 +63,18 @@ def measure(count: int, variants: bool, keep_logs: Path) -> list[tuple[str, floa
     shutil.copytree(REPO / "inventory/lab/group_vars", inventory / "group_vars")
     spec = LabSpec(name=f"bench{count}", state_dir=base / "state", inventory_dir=inventory,
                    hosts=hosts_for(count))  # fmt: skip
-    rows: list[tuple[str, float, str]] = []
+    rows: list[tuple[str, float, str]] = []  # (what, seconds, note)
+
+    def row(what: str, seconds: float, note: str) -> None:
+        rows.append((what, seconds, f"{note} (load {os.getloadavg()[0]:.1f})".strip()))
+
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", PATH=f"{PLAYBOOK.parent}:{os.environ.get('PATH', '')}")
     try:
         started = time.monotonic()
         fleetlab.up(spec, progress=lambda msg: None)
-        rows.append(("lab up", time.monotonic() - started, ""))
+        row("lab up", time.monotonic() - started, "")
         seconds, changed = converge(spec, env, keep_logs / f"lab{count}-first.log")
-        rows.append(("site.yml, first converge + validation", seconds, f"{changed} changes"))
+        row("site.yml, first converge + validation", seconds, f"{changed} changes")
         for name, settings in VARIANTS.items() if variants else list(VARIANTS.items())[:1]:
             cache = base / "facts"
             run_env = dict(env, **settings)
@@ -79,7 +83,7 @@ def measure(count: int, variants: bool, keep_logs: Path) -> list[tuple[str, floa
                 converge(spec, run_env, keep_logs / f"lab{count}-warm-cache.log")  # fills the cache
             seconds, changed = converge(spec, run_env, keep_logs / f"lab{count}-noop-{len(rows)}.log")
             note = f"{changed} changes, {seconds / count:.1f} s/host"
-            rows.append((f"no-op re-converge: {name}", seconds, note))
+            row(f"no-op re-converge: {name}", seconds, note)
     finally:
         fleetlab.down(spec, progress=lambda msg: None)
         shutil.rmtree(base, ignore_errors=True)
@@ -102,8 +106,7 @@ def main() -> int:
     for count in [int(c) for c in args.hosts.split(",")]:
         variants = not args.skip_variants and (not variants_at or count in variants_at)
         for what, seconds, note in measure(count, variants, logs):
-            load = os.getloadavg()[0]
-            print(f"{count:>5}  {what:<52} {seconds:>8.1f}  {note} (load {load:.1f})", flush=True)
+            print(f"{count:>5}  {what:<52} {seconds:>8.1f}  {note}", flush=True)
     print(f"logs: {logs}")
     return 0
 
