@@ -1,8 +1,33 @@
-"""End state of nvidia_driver: packages pinned and held, runfile installed with its flags, removal clean."""
+"""End state of nvidia_driver: packages pinned and held, runfile installed with its flags, removal clean.
+
+Each host's groups and expected driver version come from the scenario's molecule.yml (platform groups and
+the provisioner's group_vars: bookworm 535.261.03, trixie 550.163.01), not from constants here.
+"""
+
+import os
+from pathlib import Path
 
 import pytest
+import yaml
 
-VERSION = "535.261.03"
+SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parents[1]))
+MOLECULE = yaml.safe_load((SCENARIO / "molecule.yml").read_text())
+RELEASES = {"bookworm": "12", "trixie": "13"}
+PINNED = ("nvidia-smi", "libnvidia-ml1")
+# apt preferences pin of the driver's source package (role nvidia_driver, Debian family)
+PIN_FILE = "/etc/apt/preferences.d/gpufleet-nvidia-driver.pref"
+
+
+def _host_groups() -> dict[str, list[str]]:
+    return {p["name"]: list(p.get("groups") or []) for p in MOLECULE["platforms"]}
+
+
+def _host_vars(name: str) -> dict:
+    group_vars = MOLECULE["provisioner"]["inventory"]["group_vars"]
+    merged = dict(group_vars.get("all") or {})
+    for group in _host_groups()[name]:
+        merged.update(group_vars.get(group) or {})
+    return merged
 
 
 @pytest.fixture()
@@ -10,26 +35,56 @@ def name(host):
     return host.backend.get_hostname()
 
 
-def test_package_host_has_exact_versions_held(host, name):
-    if name != "gpufleet-drv-package":
-        pytest.skip("package host only")
-    for pkg in ("nvidia-smi", "libnvidia-ml1"):
+@pytest.fixture()
+def groups(name):
+    return _host_groups()[name]
+
+
+@pytest.fixture()
+def version(name):
+    return _host_vars(name)["gpufleet_driver_version"]
+
+
+def _package_host(groups):
+    return "package" in groups and "removed" not in groups
+
+
+def test_host_runs_its_release(host, groups):
+    (release,) = [group for group in groups if group in RELEASES]
+    assert host.system_info.distribution == "debian"
+    assert host.system_info.codename == release
+    assert host.system_info.release.split(".")[0] == RELEASES[release]
+
+
+def test_package_host_has_exact_versions_held(host, groups, version):
+    if not _package_host(groups):
+        pytest.skip("package hosts only")
+    installed = {}
+    for pkg in PINNED:
         assert host.package(pkg).is_installed, pkg
-        assert host.package(pkg).version == f"{VERSION}-1", pkg
+        installed[pkg] = host.package(pkg).version
+        assert installed[pkg].rpartition("-")[0] == version, (pkg, installed[pkg])
+    # One build of the driver (same Debian revision), not a mix of revisions.
+    assert len(set(installed.values())) == 1, installed
     held = host.check_output("apt-mark showhold").split()
-    assert {"nvidia-smi", "libnvidia-ml1"} <= set(held)
+    assert set(PINNED) <= set(held)
+    pin = host.file(PIN_FILE).content_string
+    assert "Package: src:nvidia-graphics-drivers" in pin
+    assert f"Pin: version {version}-*" in pin
 
 
-def test_package_host_nonfree_source_and_persistenced(host, name):
-    if name != "gpufleet-drv-package":
-        pytest.skip("package host only")
+def test_package_host_nonfree_source_and_persistenced(host, groups):
+    if not _package_host(groups):
+        pytest.skip("package hosts only")
     source = host.file("/etc/apt/sources.list.d/debian-nonfree-nvidia.sources")
-    assert source.contains("non-free")
+    fields = dict(line.split(":", 1) for line in source.content_string.splitlines() if ":" in line)
+    assert "non-free" in fields["Components"].split()
+    assert host.system_info.codename in fields["Suites"].split()
     assert host.service("nvidia-persistenced").is_enabled
 
 
-def test_userspace_reports_driver_not_loaded(host, name):
-    if name == "gpufleet-drv-removed":
+def test_userspace_reports_driver_not_loaded(host, groups):
+    if "removed" in groups:
         pytest.skip("driver removed there")
     result = host.run("nvidia-smi")
     # exit 9: NVML is installed and wired, no kernel module (GPU-less host with --cap-drop=MKNOD)
@@ -37,23 +92,24 @@ def test_userspace_reports_driver_not_loaded(host, name):
     assert "couldn't communicate with the NVIDIA driver" in result.stdout + result.stderr
 
 
-def test_runfile_installed_with_required_flags(host, name):
-    if name != "gpufleet-drv-runfile":
+def test_runfile_installed_with_required_flags(host, groups, version):
+    if "runfile" not in groups:
         pytest.skip("runfile host only")
-    assert VERSION in host.check_output("nvidia-installer --version")
+    assert version in host.check_output("nvidia-installer --version")
     log = host.file("/var/log/nvidia-installer.log").content_string.splitlines()
     installs = [line for line in log if ".run " in line]
     assert len(installs) == 1, "the runfile ran more than once: not idempotent"
     for flag in ("--silent", "--dkms", "--no-x-check", "--no-nouveau-check", "--no-opengl-files"):
         assert flag in installs[0]
-    assert host.file(f"/var/cache/gpufleet/NVIDIA-Linux-x86_64-{VERSION}.run").exists
+    assert host.file(f"/var/cache/gpufleet/NVIDIA-Linux-x86_64-{version}.run").exists
     assert host.service("nvidia-persistenced").is_enabled
 
 
-def test_removed_host_has_no_driver_and_no_holds(host, name):
-    if name != "gpufleet-drv-removed":
+def test_removed_host_has_no_driver_and_no_holds(host, groups):
+    if "removed" not in groups:
         pytest.skip("removal host only")
-    for pkg in ("nvidia-smi", "libnvidia-ml1"):
+    for pkg in PINNED:
         assert not host.package(pkg).is_installed, pkg
     assert host.check_output("apt-mark showhold").strip() == ""
     assert host.run("command -v nvidia-smi").rc != 0
+    assert not host.file(PIN_FILE).exists, "the apt pin of the removed driver is left behind"
