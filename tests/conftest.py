@@ -35,9 +35,11 @@ if _LABSTACK_DIR not in sys.path:
 
 # -- parallel runs (pytest-xdist) -----------------------------------------------------------------------
 # Groups, by the session fixture a test needs (first match wins). Under xdist, groups are handed out first,
-# these two (the longest: ~10 min each) before any other: the scheduler gives a worker its next unit of
+# these (the longest: 10-15 min each) before any other: the scheduler gives a worker its next unit of
 # work only when it has at most two tests left, so a long group queued late would end the run late.
 XDIST_GROUPS = {"repo_url": "molecule", "stack": "k8s-lab"}
+# Groups set by a mark rather than a fixture, handed out with those: the site.yml lab test (~15 min).
+MARKED_GROUPS = ("lab-site",)
 # Where workers write each test's group for the controller's scheduler (the path travels in workerinput).
 # xdist's own loadgroup passes the group as a node id suffix, which pytest 9.2 no longer lets plugins set
 # (pytest-dev/pytest-xdist#1386): the tests would silently be spread over all workers, a lab on each.
@@ -82,7 +84,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     if grouped_run(config):
-        first = list(XDIST_GROUPS.values())
+        first = ["molecule", *MARKED_GROUPS, "k8s-lab"]
 
         def rank(pair: tuple[int, pytest.Item]) -> tuple[int, int]:
             index, item = pair

@@ -25,10 +25,10 @@ from gpufleet.fleetlab import lab as fleetlab
 from gpufleet.fleetlab.spec import LabSpec
 from gpufleet.testhosts.podman import podman
 
-# In the molecule group (tests/conftest.py): the lab's three privileged hosts are the heaviest job of the
-# run, so it runs after the molecule scenarios on their worker, not beside them (docs/testing.md; since the
-# test hosts' init wrapper, privileged hosts no longer break each other, tests/hosts/test_host_cgroups.py).
-pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.xdist_group("molecule")]
+# Its own xdist group (tests/conftest.py MARKED_GROUPS), beside the molecule scenarios: since the test
+# hosts' init wrapper, privileged hosts no longer break each other (tests/hosts/test_host_cgroups.py,
+# docs/testing.md).
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.xdist_group("lab-site")]
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
@@ -201,6 +201,43 @@ def test_device_plugin_moves_to_systemd_units_and_back(lab: Lab, tmp_path: Path)
     assert "gpufleet-device-plugin" in _daemonsets(lab)
     nodes = fleetlab.node_conditions(lab.require()["supervisor"]["kubeconfig"])
     assert {name: nodes.get(name, {}).get("gpus") for name in GPUS} == GPUS
+
+
+def _boot(lab: Lab, host: str) -> str:
+    """When the host's PID 1 started (clock ticks since the machine booted): changes when the host reboots."""
+    container = lab.spec.container(next(h for h in lab.spec.hosts if h.name == host))
+    return podman("exec", container, "cut", "-d", " ", "-f22", "/proc/1/stat").stdout.strip()
+
+
+def test_driver_rollout_drains_reboots_and_uncordons_a_node(lab: Lab) -> None:
+    """playbooks/upgrade-driver.yml on one node of the live cluster, at the version it runs (the lab has one
+    driver build; molecule's nvidia_driver_upgrade moves versions): cordon, drain, reboot (the host's
+    container restarts), validation, the node Ready with its GPUs again, uncordon. The other hosts stay up."""
+    from kubernetes import client, config
+
+    node, others = "pcie-2x-t4", ("dgx-a100", "esxi-vm-2x-v100")
+    boots = {host: _boot(lab, host) for host in (node, *others)}
+    run = lab.playbook("-e", f"gpufleet_target={node}", playbook="playbooks/upgrade-driver.yml")
+    assert run.returncode == 0, f"upgrade-driver.yml failed:\n{failures(run.stdout + run.stderr)}"
+    assert set(recap(run.stdout)) == {node}, recap(run.stdout)
+    assert _boot(lab, node) != boots[node], f"{node} did not reboot"
+    assert {host: _boot(lab, host) for host in others} == {host: boots[host] for host in others}
+
+    api = config.new_client_from_config(config_file=lab.require()["supervisor"]["kubeconfig"])
+    try:
+        core = client.CoreV1Api(api)
+        found = core.read_node(node, _request_timeout=10)
+        events = core.list_event_for_all_namespaces(
+            field_selector=f"involvedObject.kind=Node,involvedObject.name={node}", _request_timeout=10).items
+    finally:
+        api.close()
+    assert not found.spec.unschedulable, f"{node} was left cordoned"
+    ready = {c.type: c.status for c in found.status.conditions}.get("Ready")
+    assert ready == "True", f"{node} is not Ready after the rollout: {found.status.conditions}"
+    assert found.status.allocatable.get("nvidia.com/gpu") == str(GPUS[node]), found.status.allocatable
+    reasons = {e.reason for e in events}
+    # The kubelet reports the cordon and its end as events of the node.
+    assert {"NodeNotSchedulable", "NodeSchedulable"} <= reasons, reasons
 
 
 def test_down_removes_everything(lab: Lab) -> None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 
+from gpufleet.lab.process import file_lock
 from gpufleet.testhosts.images import INIT_WRAPPER, ImageSpec, build_image, image_key
 from gpufleet.testhosts.podman import podman
+from gpufleet.testhosts.workspace import state_dir
 
 REPOSITORY = "localhost/gpufleet-labhost"
 KEY_LABEL = "io.gpufleet.labhost.key"
@@ -48,7 +50,16 @@ def _key(base_key: str) -> str:
 
 
 def ensure_host_image() -> str:
-    """Build (or reuse) the lab host image; return its name."""
+    """Build (or reuse) the lab host image; return its name.
+
+    Under the test hosts' image lock (the molecule scenarios' fixture takes it too): on a cold machine a lab
+    and the scenarios started side by side would otherwise both debootstrap the same base image.
+    """
+    with file_lock(state_dir() / "images.lock"):
+        return _ensure_host_image()
+
+
+def _ensure_host_image() -> str:
     base = ImageSpec("bookworm")
     build_image(base)
     key = _key(base.key())

@@ -122,6 +122,8 @@ def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None)
         "run", "-d", "--name", name, "--hostname", host.name, "--label", f"{LABEL}={spec.name}",
         # a kubelet and dockerd run inside: privileged with a private cgroup namespace (docs/lab.md)
         "--privileged", "--cgroupns=private", "--systemd=always",
+        # a reboot inside (playbooks/upgrade-driver.yml) ends systemd, and podman starts the host again
+        "--restart=always",
         # this machine's loopback (control plane, APT repository) is 10.0.2.2 inside; nothing else is bridged
         "--network=slirp4netns:allow_host_loopback=true",
         # overlay2 of the inner dockerd cannot sit on the container's own overlay root
