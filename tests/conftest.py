@@ -38,8 +38,6 @@ if _LABSTACK_DIR not in sys.path:
 # these (the longest: 10-15 min each) before any other: the scheduler gives a worker its next unit of
 # work only when it has at most two tests left, so a long group queued late would end the run late.
 XDIST_GROUPS = {"repo_url": "molecule", "stack": "k8s-lab"}
-# Groups set by a mark rather than a fixture, handed out with those: the site.yml lab test (~15 min).
-MARKED_GROUPS = ("lab-site",)
 # Where workers write each test's group for the controller's scheduler (the path travels in workerinput).
 # xdist's own loadgroup passes the group as a node id suffix, which pytest 9.2 no longer lets plugins set
 # (pytest-dev/pytest-xdist#1386): the tests would silently be spread over all workers, a lab on each.
@@ -84,14 +82,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     if grouped_run(config):
-        first = ["molecule", *MARKED_GROUPS, "k8s-lab"]
+        first = list(XDIST_GROUPS.values())
 
-        def rank(pair: tuple[int, pytest.Item]) -> tuple[int, int]:
+        def rank(pair: tuple[int, pytest.Item]) -> tuple[int, int, int]:
             index, item = pair
             group = _group_of(item)
+            last = 1 if item.get_closest_marker("group_last") else 0
             if group in first:
-                return first.index(group), index
-            return (len(first), index) if group else (len(first) + 1, index)
+                return first.index(group), last, index
+            return (len(first), last, index) if group else (len(first) + 1, last, index)
 
         items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
 
@@ -239,3 +238,4 @@ def stack(sim_lib: Path) -> Iterator[LabStack]:
         yield the_stack
     finally:
         the_stack.close()
+

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -47,6 +47,9 @@ from gpufleet.lab.images import LabImage, ensure_lab_image, load_into
 from gpufleet.lab.k8s_build import K8sArtifacts, ensure_k8s
 from gpufleet.lab.node import KubeletNode
 from gpufleet.sim import machine as simmachine
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -262,11 +265,32 @@ class LabStack:
             {"name": "gpufleet-sim-lib", "host_path": str(self.sim_lib.parent)},
         ]
 
+    def __post_init__(self) -> None:
+        _STACKS.append(self)
+
     def close(self) -> None:
-        for relay in self._relays:
+        """Stop everything; a later use starts the pieces again."""
+        relays, self._relays = self._relays, []
+        for relay in relays:
             relay.close()
-        if self._lab is not None:
-            self._lab.close()
+        lab, self._lab = self._lab, None
+        self._cp, self._nodes, self._scheduler, self._scheduler_config = None, {}, None, None
+        self._probe_ports = set()
+        if lab is not None:
+            lab.close()
+
+
+_STACKS: list[LabStack] = []  # every LabStack of this process
+
+
+def release_stacks(config: pytest.Config) -> None:
+    """Stop this process's labs now, in an xdist worker (whose grouped tests are sorted, ``group_last``
+    tests at the end of their group, tests/conftest.py): a test with its own cluster (the site.yml lab test)
+    then does not share two cores with an idle one for its ~13 minutes. In a plain run, a no-op: tests
+    using `stack` may still follow."""
+    if hasattr(config, "workerinput"):
+        for the_stack in _STACKS:
+            the_stack.close()
 
 
 # -- ansible-playbook ------------------------------------------------------------------------------

@@ -25,10 +25,13 @@ from gpufleet.fleetlab import lab as fleetlab
 from gpufleet.fleetlab.spec import LabSpec
 from gpufleet.testhosts.podman import podman
 
-# Its own xdist group (tests/conftest.py MARKED_GROUPS), beside the molecule scenarios: since the test
-# hosts' init wrapper, privileged hosts no longer break each other (tests/hosts/test_host_cgroups.py,
-# docs/testing.md).
-pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.xdist_group("lab-site")]
+# On the worker of the Kubernetes lab tests, after them (group_last), with their cluster stopped first
+# (labstack.release_stacks): beside the molecule scenarios, not beside a second idle cluster.
+# Since the test hosts' init wrapper, privileged hosts no longer break each other
+# (tests/hosts/test_host_cgroups.py, docs/testing.md).
+pytestmark = [
+    pytest.mark.root, pytest.mark.cluster, pytest.mark.xdist_group("k8s-lab"), pytest.mark.group_last,
+]  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
@@ -73,7 +76,10 @@ def failures(output: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Lab]:
+    from labstack import release_stacks
+
+    release_stacks(request.config)
     base = tmp_path_factory.mktemp("fleetlab")
     inventory = base / "inventory"
     shutil.copytree(REPO / "inventory/lab/group_vars", inventory / "group_vars")
@@ -236,8 +242,9 @@ def test_driver_rollout_drains_reboots_and_uncordons_a_node(lab: Lab) -> None:
     assert ready == "True", f"{node} is not Ready after the rollout: {found.status.conditions}"
     assert found.status.allocatable.get("nvidia.com/gpu") == str(GPUS[node]), found.status.allocatable
     reasons = {e.reason for e in events}
-    # The kubelet reports the cordon and its end as events of the node.
-    assert {"NodeNotSchedulable", "NodeSchedulable"} <= reasons, reasons
+    # The kubelet saw the cordon (its NodeSchedulable event for the uncordon may come later; the node's
+    # spec above shows it).
+    assert "NodeNotSchedulable" in reasons, reasons
 
 
 def test_down_removes_everything(lab: Lab) -> None:
