@@ -6,13 +6,14 @@ import gzip
 import hashlib
 import resource
 import shutil
+import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from gpufleet.testhosts import aptrepo, images, nvidia_packages, podman
+from gpufleet.testhosts import aptrepo, images, molecule, nvidia_packages, podman
 
 
 @pytest.fixture
@@ -38,6 +39,82 @@ def test_image_key_follows_content() -> None:
     assert base.key() != images.ImageSpec("trixie", mirror="http://mirror.invalid/debian").key()
     assert base.key() != images.ImageSpec("bookworm", mirror="http://other.invalid/debian").key()
     assert base.name == "localhost/gpufleet-testhost:bookworm"
+
+
+def test_debian_image_keys_unchanged_by_ubuntu_support() -> None:
+    # The keys the cached bookworm/trixie images carry: a change here rebuilds every image.
+    assert images.ImageSpec("bookworm", mirror="http://mirror.invalid/debian").key() == "3e3c41672ea12da3"
+    assert images.ImageSpec("trixie", mirror="http://mirror.invalid/debian").key() == "36dca277a58666bd"
+    assert images.ImageSpec("bookworm", mirror="http://mirror.invalid/debian").sources_list() == ""
+
+
+def test_ubuntu_image_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUFLEET_UBUNTU_MIRROR", raising=False)
+    jammy = images.ImageSpec("jammy")
+    assert jammy.ubuntu and jammy.mirror == "http://archive.ubuntu.com/ubuntu"
+    assert jammy.name == "localhost/gpufleet-testhost:jammy"
+    assert "deb http://archive.ubuntu.com/ubuntu jammy-updates main restricted universe multiverse\n" in (
+        jammy.sources_list()
+    )
+    monkeypatch.setenv("GPUFLEET_UBUNTU_MIRROR", "http://mirror.invalid/ubuntu/")
+    moved = images.ImageSpec("jammy")
+    assert moved.mirror == "http://mirror.invalid/ubuntu" and moved.key() != jammy.key()
+
+
+def _scenario(project: Path, name: str, *suites: str) -> None:
+    (project / "molecule" / name).mkdir(parents=True)
+    platforms = "".join(
+        f"  - name: {name}-{suite}\n    image: {images.IMAGE_REPOSITORY}:{suite}\n" for suite in suites
+    )
+    (project / "molecule" / name / "molecule.yml").write_text(f"---\nplatforms:\n{platforms}")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ubuntu_scenarios_are_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _scenario(tmp_path, "debian_one", "bookworm")
+    _scenario(tmp_path, "debian_two", "bookworm", "trixie")
+    _scenario(tmp_path, "on_ubuntu", "jammy")
+    _scenario(tmp_path, "mixed", "bookworm", "jammy")
+    monkeypatch.delenv("GPUFLEET_MOLECULE_SCENARIOS", raising=False)
+    assert molecule.all_scenarios(tmp_path) == ["debian_one", "debian_two", "mixed", "on_ubuntu"]
+    assert molecule.scenarios(tmp_path) == ["debian_one", "debian_two"]
+    assert molecule.opt_in_scenarios(tmp_path) == ["mixed", "on_ubuntu"]
+    assert molecule.selected_scenarios(tmp_path) == ["debian_one", "debian_two"]
+    monkeypatch.setenv("GPUFLEET_MOLECULE_SCENARIOS", "on_ubuntu")
+    assert molecule.selected_scenarios(tmp_path) == ["on_ubuntu"]
+    monkeypatch.setenv("GPUFLEET_MOLECULE_SCENARIOS", "debian_two,on_ubuntu")
+    assert molecule.selected_scenarios(tmp_path) == ["debian_two", "on_ubuntu"]
+
+
+def test_named_ubuntu_scenario_fails_naming_the_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scenario(tmp_path, "debian_one", "bookworm")
+    _scenario(tmp_path, "on_ubuntu", "jammy")
+    mirror = f"http://127.0.0.1:{_closed_port()}/ubuntu"
+    monkeypatch.setenv("GPUFLEET_UBUNTU_MIRROR", mirror)
+    molecule.require_archives(["debian_one"], tmp_path)  # Debian archives are not checked
+    with pytest.raises(images.ArchiveUnreachableError) as failure:
+        molecule.require_archives(["debian_one", "on_ubuntu"], tmp_path)
+    message = str(failure.value)
+    assert f"the Ubuntu archive {mirror} does not answer" in message
+    assert "scenario on_ubuntu needs Ubuntu jammy test hosts" in message
+    # prepare_images checks before it builds anything.
+    monkeypatch.setattr(molecule, "build_image", lambda spec: pytest.fail(f"built {spec.name}"))
+    with pytest.raises(images.ArchiveUnreachableError):
+        molecule.prepare_images(["on_ubuntu"], tmp_path)
+
+
+def test_project_ubuntu_scenario_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUFLEET_MOLECULE_SCENARIOS", raising=False)
+    assert "nvidia_driver_ubuntu" in molecule.opt_in_scenarios()
+    assert "nvidia_driver_ubuntu" not in molecule.selected_scenarios()
+    assert "nvidia_driver" in molecule.selected_scenarios()
 
 
 def test_apt_mirror_read_from_deb822_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,10 @@ scenario names, builds the signed stand-in repository and serves it on 127.0.0.1
 state kept under the test-host state dir. The test hosts use slirp4netns with ``allow_host_loopback``, so
 the server's loopback port is reachable from inside them at 10.0.2.2 while their own network (docker
 bridges included) stays private.
+
+Scenarios whose hosts run Ubuntu are opt-in: CI may reach Debian's archives only, so they are not in the
+default set and run only when named (GPUFLEET_MOLECULE_SCENARIOS, ``-s``); named while Ubuntu's archive
+does not answer, the run fails before anything is built, naming the archive.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.testhosts.aptrepo import Repo, RepoServer, build_repo
-from gpufleet.testhosts.images import IMAGE_REPOSITORY, ImageSpec, build_image
+from gpufleet.testhosts.images import (
+    IMAGE_REPOSITORY,
+    ArchiveUnreachableError,
+    ImageSpec,
+    build_image,
+    is_ubuntu,
+    require_archive,
+)
 from gpufleet.testhosts.podman import podman_env
 from gpufleet.testhosts.workspace import require_tools, state_dir
 
@@ -45,21 +56,55 @@ class ScenarioRun:
         return self.returncode == 0
 
 
-def scenarios(project: Path = PROJECT) -> list[str]:
-    """Scenario names: every molecule/<name>/molecule.yml."""
+def all_scenarios(project: Path = PROJECT) -> list[str]:
+    """Every scenario: every molecule/<name>/molecule.yml."""
     return sorted(p.parent.name for p in (project / "molecule").glob("*/molecule.yml"))
 
 
+def opt_in(scenario: str, project: Path = PROJECT) -> bool:
+    """Whether the scenario runs only when named: a host of it runs Ubuntu (an archive CI may not reach)."""
+    return any(is_ubuntu(suite) for suite in scenario_suites(scenario, project))
+
+
+def scenarios(project: Path = PROJECT) -> list[str]:
+    """The default set: every scenario but the opt-in ones."""
+    return [name for name in all_scenarios(project) if not opt_in(name, project)]
+
+
+def opt_in_scenarios(project: Path = PROJECT) -> list[str]:
+    """Scenarios that run only when named (Ubuntu hosts)."""
+    return [name for name in all_scenarios(project) if opt_in(name, project)]
+
+
 def selected_scenarios(project: Path = PROJECT) -> list[str]:
-    """Scenarios named in GPUFLEET_MOLECULE_SCENARIOS (comma-separated), else all of them."""
+    """Scenarios named in GPUFLEET_MOLECULE_SCENARIOS (comma-separated; opt-in ones too), else the default
+    set (every scenario but the opt-in ones)."""
     wanted = [name for name in os.environ.get("GPUFLEET_MOLECULE_SCENARIOS", "").split(",") if name]
     return wanted or scenarios(project)
 
 
 def scenario_suites(scenario: str, project: Path = PROJECT) -> list[str]:
-    """Debian suites whose test-host image the scenario's platforms use."""
+    """Suites (Debian's, Ubuntu's) whose test-host image the scenario's platforms use."""
     text = (project / "molecule" / scenario / "molecule.yml").read_text()
     return sorted(set(re.findall(re.escape(IMAGE_REPOSITORY) + r":([a-z]+)", text)))
+
+
+def require_archives(names: Sequence[str], project: Path = PROJECT) -> None:
+    """Raise ArchiveUnreachableError when a scenario's Ubuntu hosts need an archive that does not answer.
+
+    Debian suites are not checked (every machine that runs the scenarios has Debian's archives)."""
+    for suite in sorted({s for name in names for s in scenario_suites(name, project) if is_ubuntu(s)}):
+        spec = ImageSpec(suite)
+        try:
+            require_archive(spec)
+        except ArchiveUnreachableError as err:
+            users = [name for name in names if suite in scenario_suites(name, project)]
+            raise ArchiveUnreachableError(
+                f"scenario {', '.join(users)} needs Ubuntu {suite} test hosts, but {err}. Ubuntu scenarios "
+                "are opt-in (not in the default set: CI may reach Debian's archives only); drop them from "
+                "GPUFLEET_MOLECULE_SCENARIOS, or point GPUFLEET_UBUNTU_MIRROR at an Ubuntu mirror that "
+                "answers."
+            ) from err
 
 
 def _collection_link(project: Path) -> Path:
@@ -101,7 +146,9 @@ def molecule_env(repo_url: str, project: Path = PROJECT) -> dict[str, str]:
 
 
 def prepare_images(names: Sequence[str], project: Path = PROJECT) -> None:
-    """Build every image the scenarios use (cached by content key)."""
+    """Build every image the scenarios use (cached by content key), after checking the Ubuntu archive answers
+    when a scenario needs it (its hosts install from it even when the image is cached)."""
+    require_archives(names, project)
     for suite in sorted({s for name in names for s in scenario_suites(name, project)}):
         build_image(ImageSpec(suite))
 

@@ -1,0 +1,76 @@
+"""End state of nvidia_driver on Ubuntu 22.04: Ubuntu's restricted driver userspace at exactly the version,
+held, pinned by its source package; nvidia-smi wired to it (exit 9 without a kernel module).
+
+Branch, version and package set come from the scenario's molecule.yml (group_vars all), not from constants.
+"""
+
+import os
+from pathlib import Path
+
+import yaml
+
+SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parents[1]))
+MOLECULE = yaml.safe_load((SCENARIO / "molecule.yml").read_text())
+VARS = MOLECULE["provisioner"]["inventory"]["group_vars"]["all"]
+BRANCH = VARS["gpufleet_driver_branch"]
+VERSION = VARS["gpufleet_driver_version"]
+PINNED = tuple(VARS["nvidia_driver_packages"])
+# The role's guess of Ubuntu's source package name (vars/Ubuntu.yml: nvidia_driver_apt_pin_sources).
+SOURCE = f"nvidia-graphics-drivers-{BRANCH}-server"
+PIN_FILE = "/etc/apt/preferences.d/gpufleet-nvidia-driver.pref"
+
+
+def test_host_runs_ubuntu_jammy(host):
+    assert host.system_info.distribution == "ubuntu"
+    assert host.system_info.codename == "jammy"
+    assert host.system_info.release == "22.04"
+
+
+def test_packages_at_exact_version_and_held(host):
+    installed = {}
+    for pkg in PINNED:
+        assert host.package(pkg).is_installed, pkg
+        installed[pkg] = host.package(pkg).version
+        # Ubuntu's revision: 580.178.04-0ubuntu0.22.04.1
+        assert installed[pkg].startswith(f"{VERSION}-0ubuntu"), (pkg, installed[pkg])
+    # One build of the driver (same Ubuntu revision), not a mix of revisions.
+    assert len(set(installed.values())) == 1, installed
+    held = host.check_output("apt-mark showhold").split()
+    assert set(PINNED) <= set(held)
+
+
+def test_pin_names_the_packages_source_package(host):
+    pin = host.file(PIN_FILE).content_string
+    assert f"Package: src:{SOURCE}\n" in pin
+    assert f"Pin: version {VERSION}-*" in pin
+    for pkg in PINNED:
+        assert host.check_output(f"dpkg-query -W -f='${{source:Package}}' {pkg}") == SOURCE, pkg
+    # apt applies the pin: the installed version's line in the version table carries priority 1001.
+    policy = host.check_output(f"apt-cache policy {PINNED[0]}")
+    (installed,) = [line.split() for line in policy.splitlines() if line.lstrip().startswith("***")]
+    assert installed[1].startswith(f"{VERSION}-") and installed[2] == "1001", policy
+
+
+def test_nvidia_smi_belongs_to_the_pinned_driver(host):
+    # Not a transitional package of another branch pulling in some other branch's nvidia-smi.
+    owner = host.check_output("dpkg -S /usr/bin/nvidia-smi").split(":")[0]
+    assert owner in PINNED, owner
+    assert host.package(owner).version.startswith(f"{VERSION}-")
+
+
+def test_driver_comes_from_restricted_without_debian_sources(host):
+    assert not host.file("/etc/apt/sources.list.d/debian-nonfree-nvidia.sources").exists
+    madison = host.check_output(f"apt-cache madison {PINNED[0]}")
+    assert "/restricted " in madison, madison
+
+
+def test_persistenced_enabled(host):
+    # Enabled, not started: without a kernel module the daemon cannot run (verify_kernel_module false).
+    assert host.service("nvidia-persistenced").is_enabled
+
+
+def test_userspace_reports_driver_not_loaded(host):
+    result = host.run("nvidia-smi")
+    # exit 9: NVML is installed and wired, no kernel module (GPU-less host with --cap-drop=MKNOD)
+    assert result.rc == 9, result.stdout + result.stderr
+    assert "couldn't communicate with the NVIDIA driver" in result.stdout + result.stderr
