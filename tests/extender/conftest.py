@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from extender_builders import FakeClock
+from extender_builders import FakeClock, load_fixture, serve
 
 from gpufleet.extender.memory import InMemoryCluster
+from gpufleet.extender.server import ExtenderServer
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
 
@@ -40,3 +41,23 @@ def start_extender(cluster: InMemoryCluster, clock: FakeClock) -> Iterator[Calla
     yield start
     for extender in started:
         extender.stop()
+
+
+@pytest.fixture
+def world(cluster, start_extender):  # type: ignore[no-untyped-def]
+    doc = load_fixture("cluster.json")
+    for n in doc["nodes"]:
+        cluster.add_node(n)
+    for p in doc["pods"]:
+        cluster.add_pod(p)
+    cluster.add_pod(load_fixture("filter_nodenames.json")["Pod"])
+    return start_extender()
+
+
+@pytest.fixture
+def server(world) -> Iterator[ExtenderServer]:  # type: ignore[no-untyped-def]
+    settings = Settings(listen_address="127.0.0.1", port=0, url_prefix="/gpufleet")
+    srv = serve(world, settings)
+    yield srv
+    srv.shutdown()
+    srv.server_close()

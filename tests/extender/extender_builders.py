@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import threading
 import uuid as uuidlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpufleet.extender.memory import InMemoryCluster
+from gpufleet.extender.server import ExtenderServer, make_server
+from gpufleet.extender.settings import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -146,3 +150,32 @@ def pod(
 def settle(cluster: InMemoryCluster) -> None:
     """Wait until every replica has seen every change."""
     assert cluster.wait_delivered(5.0)
+
+
+# ----- the HTTP server on an ephemeral loopback port
+
+
+def serve(extender: Any, settings: Settings) -> ExtenderServer:
+    server = make_server(extender, settings)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def request(
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    response = conn.getresponse()
+    payload = response.read()
+    kind = response.getheader("Content-Type", "")
+    return response.status, json.loads(payload) if kind.startswith("application/json") else payload.decode()
+
+
+def connect(server: ExtenderServer) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)

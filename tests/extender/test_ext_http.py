@@ -3,66 +3,16 @@
 from __future__ import annotations
 
 import http.client
-import json
 import shutil
 import ssl
 import subprocess
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_builders import load_fixture
+from extender_builders import connect, load_fixture, request, serve
 
-from gpufleet.extender.server import ExtenderServer, make_server
 from gpufleet.extender.settings import Settings
-
-
-def serve(extender: Any, settings: Settings) -> ExtenderServer:
-    server = make_server(extender, settings)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    return server
-
-
-@pytest.fixture
-def world(cluster, start_extender):  # type: ignore[no-untyped-def]
-    doc = load_fixture("cluster.json")
-    for n in doc["nodes"]:
-        cluster.add_node(n)
-    for p in doc["pods"]:
-        cluster.add_pod(p)
-    cluster.add_pod(load_fixture("filter_nodenames.json")["Pod"])
-    return start_extender()
-
-
-@pytest.fixture
-def server(world) -> Iterator[ExtenderServer]:  # type: ignore[no-untyped-def]
-    settings = Settings(listen_address="127.0.0.1", port=0, url_prefix="/gpufleet")
-    srv = serve(world, settings)
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
-
-def request(
-    conn: http.client.HTTPConnection,
-    method: str,
-    path: str,
-    body: Any = None,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-    response = conn.getresponse()
-    payload = response.read()
-    kind = response.getheader("Content-Type", "")
-    return response.status, json.loads(payload) if kind.startswith("application/json") else payload.decode()
-
-
-def connect(server: ExtenderServer) -> http.client.HTTPConnection:
-    return http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
 
 
 def test_scheduler_verbs_over_one_keep_alive_connection(server) -> None:  # type: ignore[no-untyped-def]
