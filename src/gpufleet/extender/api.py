@@ -27,6 +27,11 @@ class BadRequest(ValueError):
     """The request body is not a well-formed extender message."""
 
 
+MAX_CANDIDATE_NODES = 100_000
+"""Most candidate nodes one call may carry: 20x Kubernetes' largest supported cluster (5,000 nodes); the
+body-size limit bounds it too, this says so in the error instead of in a slow reply."""
+
+
 def _pod(args: Any) -> Mapping[str, Any]:
     if not isinstance(args, dict):
         raise BadRequest("body must be a JSON object (ExtenderArgs)")
@@ -40,6 +45,18 @@ def _pod(args: Any) -> Mapping[str, Any]:
 
 
 _is_str = str.__instancecheck__
+
+
+def _named(node: Any) -> bool:
+    """Whether a NodeList item is an object with a string metadata.name."""
+    meta = node.get("metadata") if isinstance(node, dict) else None
+    return isinstance(meta, dict) and isinstance(meta.get("name"), str)
+
+
+def _bounded(candidates: list[Any]) -> None:
+    if len(candidates) > MAX_CANDIDATE_NODES:
+        raise BadRequest(f"{len(candidates)} candidate nodes; at most {MAX_CANDIDATE_NODES} per call")
+
 
 # Pre-encoded HostPriority tails per score ("7}"), see ExtenderApi.prioritize_json.
 _SCORE_TAILS = tuple(f"{score}}}" for score in range(MAX_PRIORITY + 1))
@@ -68,16 +85,16 @@ def _candidates(args: Mapping[str, Any]) -> tuple[Candidates, bool]:
     if names is not None:
         if not isinstance(names, list) or not all(map(_is_str, names)):
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
+        _bounded(names)
         return names, True
     nodes = args.get("Nodes")
     if nodes is not None:
         items = nodes.get("items") if isinstance(nodes, dict) else None
         if items is None and isinstance(nodes, dict):
             items = []
-        if not isinstance(items, list) or not all(
-            isinstance(n, dict) and isinstance((n.get("metadata") or {}).get("name"), str) for n in items
-        ):
+        if not isinstance(items, list) or not all(map(_named, items)):
             raise BadRequest("ExtenderArgs.Nodes must be a NodeList whose items have metadata.name")
+        _bounded(items)
         return items, False
     raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes")
 

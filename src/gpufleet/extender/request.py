@@ -11,7 +11,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from fractions import Fraction
 from typing import Any
 
 from gpufleet.extender.model import (
@@ -25,9 +24,13 @@ from gpufleet.extender.model import (
     model_tokens,
 )
 from gpufleet.handoff import GPU_MEM_RESOURCE, PRODUCT_LABEL, PRODUCT_MIXED, WHOLE_GPU_RESOURCE, parse_cc
+from gpufleet.quantity import QuantityError, QuantityTooLarge, parse_quantity, preview
 
 # More GPUs than any machine carries; a larger gpu-count is a typo, not a wish.
 MAX_GPUS_PER_CONTAINER = 64
+# A model wish names a few card families ("a100,h100"); each alternative costs a check per GPU per node.
+MAX_MODEL_ALTERNATIVES = 16
+MAX_MODEL_ANNOTATION_CHARS = 1024
 
 
 class RequestError(ValueError):
@@ -41,63 +44,42 @@ class Policy(StrEnum):
     SPREAD = "spread"
 
 
-_QUANTITY = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(.*)")
-_SUFFIX = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """`value` when it is a JSON object (None counts as empty); RequestError otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError(f"{what} is not an object")
+    return value
 
 
-def parse_quantity(value: Any) -> Fraction:
-    """Parse a Kubernetes resource quantity ("4", "1500m", "2Ki", "1e3") exactly."""
-    if isinstance(value, bool):
-        raise ValueError(f"quantity {value!r} is not a number")
-    if isinstance(value, int):
-        return Fraction(value)
-    text = str(value).strip()
-    match = _QUANTITY.fullmatch(text)
-    if not match:
-        raise ValueError(f"quantity {value!r} is not a Kubernetes quantity")
-    sign, digits, suffix = match.groups()
-    number = Fraction(digits)
-    if suffix in _SUFFIX:
-        number *= _SUFFIX[suffix]
-    elif re.fullmatch(r"[eE][+-]?\d+", suffix):
-        number *= Fraction(10) ** int(suffix[1:])
-    else:
-        raise ValueError(f"quantity {value!r} has an unknown suffix {suffix!r}")
-    return -number if sign == "-" else number
+def _objects(value: Any, what: str) -> list[Mapping[str, Any]]:
+    """`value` when it is a list of JSON objects (None counts as empty); RequestError otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise RequestError(f"{what} is not a list of objects")
+    return value
 
 
-def _count(resources: Mapping[str, Any], name: str, where: str) -> int:
+def _count(resources: Any, name: str, where: str) -> int:
     """A container's request for an extended resource, which Kubernetes only allows as a whole number."""
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
+    resources = _mapping(resources, f"{where} resources")
+    requests = _mapping(resources.get("requests"), f"{where} resources.requests")
+    limits = _mapping(resources.get("limits"), f"{where} resources.limits")
     raw = requests.get(name, limits.get(name))
     if raw is None:
         return 0
     try:
         qty = parse_quantity(raw)
-    except ValueError as exc:
-        raise RequestError(f"{where} requests {name}={raw!r}: {exc}") from None
+    except QuantityTooLarge:
+        raise RequestError(f"{where} requests {name}: more than any node offers (2^63 or more)") from None
+    except QuantityError as exc:
+        raise RequestError(f"{where} requests {name}: {exc}") from None
     if qty < 0:
-        raise RequestError(f"{where} requests {name}={raw}: negative")
+        raise RequestError(f"{where} requests {name}={preview(raw)}: negative")
     if qty.denominator != 1:
-        raise RequestError(f"{where} requests {name}={raw}: not a whole number")
+        raise RequestError(f"{where} requests {name}={preview(raw)}: not a whole number")
     return int(qty)
 
 
@@ -168,25 +150,25 @@ class GpuRequest:
         return " and ".join(parts)
 
 
-def _policy(annotations: Mapping[str, str], key: str) -> Policy | None:
+def _policy(annotations: Mapping[str, Any], key: str) -> Policy | None:
     raw = annotations.get(key)
     if raw is None:
         return None
     try:
-        return Policy(raw.strip().lower())
+        return Policy(str(raw).strip().lower())
     except ValueError:
-        raise RequestError(f"annotation {key}={raw!r}: use binpack or spread") from None
+        raise RequestError(f"annotation {key}={preview(raw)}: use binpack or spread") from None
 
 
 def whole_gpus(spec: Mapping[str, Any]) -> int:
     """Whole GPUs the kubelet reserves for a pod: init containers run one at a time and hand devices on."""
     init = [
-        _count(c.get("resources") or {}, WHOLE_GPU_RESOURCE, f"init container {c.get('name')!r}")
-        for c in spec.get("initContainers") or []
+        _count(c.get("resources"), WHOLE_GPU_RESOURCE, f"init container {preview(c.get('name'))}")
+        for c in _objects(spec.get("initContainers"), "spec.initContainers")
     ]
     app = [
-        _count(c.get("resources") or {}, WHOLE_GPU_RESOURCE, f"container {c.get('name')!r}")
-        for c in spec.get("containers") or []
+        _count(c.get("resources"), WHOLE_GPU_RESOURCE, f"container {preview(c.get('name'))}")
+        for c in _objects(spec.get("containers"), "spec.containers")
     ]
     return max(max(init, default=0), sum(app))
 
@@ -195,23 +177,26 @@ def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:
     """Read a pod (Kubernetes JSON) into a GpuRequest; raise RequestError for requests that make no sense."""
     if not isinstance(pod, Mapping):
         raise RequestError("Pod is not an object")
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
-        raise RequestError("Pod metadata/spec are not objects")
+    meta = _mapping(pod.get("metadata"), "Pod metadata")
+    spec = _mapping(pod.get("spec"), "Pod spec")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise RequestError("Pod lacks metadata.name")
     namespace = str(meta.get("namespace") or "default")
     uid = str(meta.get("uid") or "")
-    annotations = meta.get("annotations") or {}
+    annotations = _mapping(meta.get("annotations"), "Pod metadata.annotations")
 
     gpu_count = 1
     if GPU_COUNT_ANNOTATION in annotations:
         raw = annotations[GPU_COUNT_ANNOTATION]
-        if not re.fullmatch(r"\s*\d+\s*", str(raw)) or not 1 <= int(raw) <= MAX_GPUS_PER_CONTAINER:
+        # At most three digits before int(): the annotation is user-written and int() of a long digit
+        # string costs time quadratic in its length.
+        if (
+            not re.fullmatch(r"\s{0,8}\d{1,3}\s{0,8}", str(raw))
+            or not 1 <= int(raw) <= MAX_GPUS_PER_CONTAINER
+        ):
             raise RequestError(
-                f"annotation {GPU_COUNT_ANNOTATION}={raw!r}: "
+                f"annotation {GPU_COUNT_ANNOTATION}={preview(raw)}: "
                 f"a whole number from 1 to {MAX_GPUS_PER_CONTAINER}"
             )
         gpu_count = int(raw)
@@ -219,14 +204,14 @@ def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:
     mem: list[ContainerRequest] = []
     # Init containers first: the kubelet admits (and the device plugin allocates) them in that order.
     for group, label in (("initContainers", "init container"), ("containers", "container")):
-        for container in spec.get(group) or []:
+        for container in _objects(spec.get(group), f"spec.{group}"):
             cname = str(container.get("name") or "")
-            gib = _count(container.get("resources") or {}, GPU_MEM_RESOURCE, f"{label} {cname!r}")
+            gib = _count(container.get("resources"), GPU_MEM_RESOURCE, f"{label} {preview(cname)}")
             if gib == 0:
                 continue
             if gib % gpu_count:
                 raise RequestError(
-                    f"{label} {cname!r} asks {gib} GiB over {gpu_count} GPUs; the split must be even"
+                    f"{label} {preview(cname)} asks {gib} GiB over {gpu_count} GPUs; the split must be even"
                 )
             mem.append(ContainerRequest(cname, gib, gpu_count))
     whole = whole_gpus(spec)
@@ -237,13 +222,21 @@ def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:
 
     models: list[frozenset[str]] = []
     if MODEL_ANNOTATION in annotations:
-        for alternative in str(annotations[MODEL_ANNOTATION]).split(","):
+        raw = str(annotations[MODEL_ANNOTATION])
+        # Every alternative is checked against every GPU of every candidate node: a pod naming thousands
+        # would multiply each filter's work by thousands.
+        if len(raw) > MAX_MODEL_ANNOTATION_CHARS or raw.count(",") >= MAX_MODEL_ALTERNATIVES:
+            raise RequestError(
+                f"annotation {MODEL_ANNOTATION}: at most {MAX_MODEL_ALTERNATIVES} models "
+                f"in {MAX_MODEL_ANNOTATION_CHARS} characters"
+            )
+        for alternative in raw.split(","):
             tokens = model_tokens(alternative)
-            if tokens:
+            if tokens and tokens not in models:
                 models.append(tokens)
         if not models:
             raise RequestError(f"annotation {MODEL_ANNOTATION} names no model")
-    selector = spec.get("nodeSelector") or {}
+    selector = _mapping(spec.get("nodeSelector"), "Pod spec.nodeSelector")
     for label in MODEL_LABELS:
         if label in selector and not models:
             value = str(selector[label])
@@ -260,7 +253,9 @@ def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:
 
     prefer = str(annotations.get(PREFER_ANNOTATION, "")).strip().lower()
     if prefer not in ("", "most-capable"):
-        raise RequestError(f"annotation {PREFER_ANNOTATION}={prefer!r}: the only preference is most-capable")
+        raise RequestError(
+            f"annotation {PREFER_ANNOTATION}={preview(prefer)}: the only preference is most-capable"
+        )
 
     return GpuRequest(
         uid=uid,

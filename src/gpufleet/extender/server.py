@@ -137,10 +137,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _parse(data: bytes) -> Any:
+        # ValueError covers bad JSON, bad UTF-8 and integers past Python's 4,300-digit conversion limit;
+        # the C decoder's recursion guard bounds nesting (about 1,000 levels: no scheduler message nests
+        # deeper than a few dozen) and raises RecursionError, which is the client's fault too.
         try:
             return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from None
+        except ValueError as exc:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {str(exc)[:200]}") from None
+        except RecursionError:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "body is JSON nested too deep") from None
 
     # ------------------------------------------------------------------ verbs
 

@@ -10,6 +10,7 @@ event can neither lose nor double-count an assignment.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +29,7 @@ from gpufleet.handoff import (
     ContainerAssignment,
     parse_allocated,
 )
+from gpufleet.logs import log_event
 
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -165,6 +167,45 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
     )
 
 
+def _complaint(record: PodRecord) -> str | None:
+    """The pod's request or assignment error as one line naming the pod, or None."""
+    errors = [e for e in (record.request_error, record.assignment_error) if e]
+    return f"{record.key}: {'; '.join(errors)}" if errors else None
+
+
+class Complaints:
+    """What is wrong with watched objects, logged once per object and message, not on every event or relist.
+
+    A hostile or broken pod is re-read on each of its updates and on every relist; its error is logged the
+    first time it is seen (with the object's name) and again only when the message changes.
+    """
+
+    SHOWN = 50
+    """How many complaints /inspect lists (the count is always complete)."""
+
+    def __init__(self) -> None:
+        self._current: dict[tuple[str, str], str] = {}
+
+    def note(self, kind: str, key: str, error: str | None) -> None:
+        """Record the object's current error (None: nothing wrong); log it when it is new."""
+        slot = (kind, key)
+        if error is None:
+            self._current.pop(slot, None)
+        elif self._current.get(slot) != error:
+            self._current[slot] = error
+            log_event("object_rejected", logging.WARNING, kind=kind, object=key, error=error)
+
+    def forget(self, kind: str, key: str) -> None:
+        self._current.pop((kind, key), None)
+
+    def summary(self) -> dict[str, Any]:
+        shown = sorted(self._current.items())[: self.SHOWN]
+        return {
+            "count": len(self._current),
+            "shown": [{"kind": k, "object": key, "error": e} for (k, key), e in shown],
+        }
+
+
 class ClusterState:
     """Thread-safe cache and GPU ledger: the watch feeds it, filter/prioritize read it, bind reserves."""
 
@@ -198,6 +239,7 @@ class ClusterState:
         self._counts: dict[int, int] = {}
         self._synced: set[str] = set()
         self.watch_error: str | None = None
+        self.complaints = Complaints()
 
     # ------------------------------------------------------------------ sink for cluster sources
 
@@ -272,8 +314,11 @@ class ClusterState:
         previous = self._nodes[name].info if isinstance(name, str) and name in self._nodes else None
         try:
             info = node_info(obj, previous)
-        except ValueError:
+        except ValueError as exc:
+            if isinstance(name, str):
+                self.complaints.note("node", name, str(exc))
             return None
+        self.complaints.note("node", info.name, info.gpu_error)
         entry = self._entry(info.name)
         self._set_info(entry, info)
         self._refresh(entry)
@@ -326,6 +371,7 @@ class ClusterState:
             self.index.pop(entry.name, None)
 
     def _drop_node(self, name: str) -> None:
+        self.complaints.forget("node", name)
         entry = self._nodes[name]
         self._set_info(entry, None)
         self._refresh(entry)
@@ -335,6 +381,8 @@ class ClusterState:
     def _put_pod(self, obj: Mapping[str, Any]) -> str | None:
         record = pod_record(obj)
         uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if record is not None and uid:
+            self.complaints.note("pod", uid, _complaint(record))
         if record is None or not uid:
             if uid in self._pods:
                 self._forget_pod(uid)
@@ -348,6 +396,7 @@ class ClusterState:
         return uid
 
     def _forget_pod(self, uid: str) -> None:
+        self.complaints.forget("pod", uid)
         self._pods.pop(uid, None)
         self._apply(uid)
 
@@ -576,6 +625,8 @@ class ClusterState:
                 "totals": self.totals(),
                 # GPU-memory pods bound without (or against) an assignment: the device plugin refuses them.
                 "unassigned_gpu_mem_pods": unassigned,
+                # Watched pods and nodes whose GPU request or annotations cannot be read (logged once each).
+                "rejected_objects": self.complaints.summary(),
                 "nodes": nodes,
             }
 
