@@ -38,10 +38,14 @@ class Credentials:
     username: str
     password: str
     port: int = 443
+    protocol: str = "https"
     validate_certs: bool = True
 
     def __repr__(self) -> str:
-        return f"Credentials(hostname={self.hostname!r}, username={self.username!r}, port={self.port})"
+        return (
+            f"Credentials(hostname={self.hostname!r}, username={self.username!r}, port={self.port}, "
+            f"protocol={self.protocol!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ def connect(creds: Credentials) -> Any:
             user=creds.username,
             pwd=creds.password,
             port=creds.port,
+            protocol=creds.protocol,
             disableSslCertValidation=not creds.validate_certs,
         )
     except vim.fault.InvalidLogin:

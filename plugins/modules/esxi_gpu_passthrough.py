@@ -22,8 +22,8 @@ description:
     total memory, and C(hypervisor.cpuid.v0=FALSE) only when O(hide_hypervisor=true).
   - Changes that need the VM powered off are made only when it is off, or when
     O(allow_power_off=true); otherwise the module fails and lists them.
-  - This module has been tested against an in-process stand-in for the vSphere API built on pyVmomi's
-    data objects, not against a live vCenter or ESXi host.
+  - This module has been tested against VMware's vCenter simulator (govmomi's vcsim, extended with GPU
+    hosts) and an in-process stand-in for the vSphere API, not against a live vCenter or ESXi host.
 author:
   - gpufleet contributors (@gpufleet)
 requirements:
@@ -47,9 +47,17 @@ options:
     required: true
   port:
     description:
-      - HTTPS port of the vSphere API. Falls back to E(VMWARE_PORT).
+      - Port of the vSphere API. Falls back to E(VMWARE_PORT).
     type: int
     default: 443
+  protocol:
+    description:
+      - Protocol of the vSphere API. Real vCenter and ESXi hosts speak C(https) only; C(http) is for API
+        simulators such as govmomi's vcsim, which the module's tests run against.
+      - Falls back to E(VMWARE_PROTOCOL).
+    type: str
+    choices: [https, http]
+    default: https
   validate_certs:
     description:
       - Verify the server's TLS certificate. Falls back to E(VMWARE_VALIDATE_CERTS).
@@ -155,8 +163,8 @@ attributes:
 notes:
   - In check mode, newly enabled host passthrough is assumed to need a host reboot.
   - A host reboot, when reported, is left to the operator (maintenance mode first).
-  - Not run against a live vCenter or ESXi host yet; see docs/esxi.md for what is verified only
-    against the test stand-in.
+  - Not run against a live vCenter or ESXi host yet; see docs/esxi.md for what is verified against
+    vcsim and what only against the test stand-in.
 """
 
 EXAMPLES = r"""
@@ -259,6 +267,12 @@ ARGUMENT_SPEC = {
         "fallback": (env_fallback, ["VMWARE_PASSWORD"]),
     },
     "port": {"type": "int", "default": 443, "fallback": (env_fallback, ["VMWARE_PORT"])},
+    "protocol": {
+        "type": "str",
+        "choices": ["https", "http"],
+        "default": "https",
+        "fallback": (env_fallback, ["VMWARE_PROTOCOL"]),
+    },
     "validate_certs": {
         "type": "bool",
         "default": True,
@@ -350,6 +364,7 @@ def main() -> None:
         username=params["username"],
         password=params["password"],
         port=params["port"],
+        protocol=params["protocol"],
         validate_certs=params["validate_certs"],
     )
     selector = VmSelector(

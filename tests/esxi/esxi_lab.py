@@ -1,4 +1,5 @@
-"""The ESXi passthrough tests' lab: the collection on sys.path, and a stand-in vSphere to build labs in.
+"""The ESXi passthrough tests' lab: the collection on sys.path, a stand-in vSphere to build labs in, and
+:func:`module_args` for running the module's ``main()`` in process (stand-in and vcsim tests alike).
 
 The stand-in is built on pyVmomi's own data objects (pyvmomi is a project dependency). Test modules import
 from here, not from conftest: every test folder has a conftest, and when several folders run in one pytest
@@ -8,9 +9,12 @@ session the module name ``conftest`` means only one of them.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +61,7 @@ def make_lab(
     name: str = "NVIDIA A100 80GB PCIe",
     gpu_count: int = 2,
     tools_running: bool = True,
-    **config: object,
+    **config: Any,
 ) -> Lab:
     """Build a lab whose host has ``gpu_count`` identical GPUs at 0000:3b:00.0, 0000:5e:00.0..."""
     from esxi_standin import (
@@ -88,3 +92,21 @@ def make_lab(
     folder = Folder("gpu", [vm])
     si = ServiceInstance([Datacenter("DC1", Folder("vm", [folder]))], recorder)
     return Lab(si=si, host=host, vm=vm, recorder=recorder)
+
+
+@contextlib.contextmanager
+def module_args(args: dict[str, Any]) -> Iterator[None]:
+    """Expose ``args`` to AnsibleModule the way ansible-core's own unit tests do."""
+    import pytest
+    from ansible.module_utils import basic
+
+    try:
+        from ansible.module_utils.testing import patch_module_args
+    except ImportError:  # ansible-core < 2.19
+        payload = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(basic, "_ANSIBLE_ARGS", payload)
+            yield
+        return
+    with patch_module_args(args):
+        yield

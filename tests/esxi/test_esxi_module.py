@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -10,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import yaml
 from ansible.module_utils import basic
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import esxi_vsphere
 from ansible_collections.gpufleet.nvidia.plugins.modules import esxi_gpu_passthrough as module
-from esxi_lab import COLLECTIONS_ROOT, Lab, make_lab
+from esxi_lab import COLLECTIONS_ROOT, Lab, make_lab, module_args
 from pyVmomi import vim
 
 PASSWORD = "Pa55-do-not-print-7f3a"
@@ -30,21 +28,6 @@ BASE_ARGS = {
     "name": "gpu-worker-01",
     "gpus": [{"pci_id": "0000:3b:00.0", "memory_gb": 80}, {"pci_id": "0000:5e:00.0", "memory_gb": 80}],
 }
-
-
-@contextlib.contextmanager
-def module_args(args: dict[str, Any]) -> Iterator[None]:
-    """Expose ``args`` to AnsibleModule the way ansible-core's own unit tests do."""
-    try:
-        from ansible.module_utils.testing import patch_module_args
-    except ImportError:  # ansible-core < 2.19
-        payload = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(basic, "_ANSIBLE_ARGS", payload)
-            yield
-        return
-    with patch_module_args(args):
-        yield
 
 
 def run_module(
