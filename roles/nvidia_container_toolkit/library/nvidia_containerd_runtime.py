@@ -11,10 +11,18 @@ short_description: Add the NVIDIA runtime to containerd through a drop-in, keepi
 description:
   - Writes a drop-in file that containerd loads through the C(imports) key of its main config, and adds that
     path to C(imports). The main config is otherwise left as it is.
-  - containerd 1.x replaces a plugin's whole section when a drop-in sets any key of it, so the drop-in carries
-    the CRI runtime section of the main config (as C(containerd config dump) renders it) plus the NVIDIA
-    runtime. Settings such as C(SystemdCgroup), the sandbox image or CNI paths therefore survive.
-  - Config version 2 for containerd 1.6/1.7, version 3 for containerd 2.x.
+  - containerd 1.x replaces a plugin's whole section when a drop-in sets any key of it, so there the drop-in
+    carries the CRI runtime section of the main config (as C(containerd config dump) renders it) plus the
+    NVIDIA runtime. Settings such as C(SystemdCgroup), the sandbox image or CNI paths therefore survive.
+  - containerd 2.x merges a drop-in into the sections it extends, so there the drop-in holds only the NVIDIA
+    runtime (and C(default_runtime_name)).
+  - The drop-in is written in the main config's version, because containerd 2.x migrates each file by its own
+    version and silently ignores version-2 keys of a main config that imports a version-3 file. containerd
+    1.6/1.7 take version 2; containerd 2.x takes version 2 (migrated on load) or 3. Without a main config the
+    module creates one, version 2 for containerd 1.x and 3 for 2.x.
+  - A containerd whose CRI plugin is disabled (C(disabled_plugins) names C(cri) or one of the CRI plugin IDs,
+    as Docker CE's C(containerd.io) package ships it) serves no Kubernetes pods; it is left alone, the task
+    reports C(cri_enabled=false) and says so in C(msg), and nothing is changed.
   - Every candidate is validated with C(containerd --config FILE config dump) before anything is written; a
     main config that does not parse fails the task and nothing is changed.
 options:
@@ -63,10 +71,19 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-config_version:
-  description: containerd config version written (2 or 3).
-  type: int
+msg:
+  description: What was done, or why containerd was left alone.
+  type: str
   returned: always
+  sample: "containerd's CRI plugin is disabled in /etc/containerd/config.toml: left alone"
+cri_enabled:
+  description: Whether containerd serves CRI with this config; false means the config was left alone.
+  type: bool
+  returned: always
+config_version:
+  description: containerd config version of the drop-in (that of the main config; 2 or 3).
+  type: int
+  returned: when containerd serves CRI and the main config loads
 containerd_version:
   description: Version reported by containerd.
   type: str
@@ -85,7 +102,15 @@ import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
+# Where the CRI runtime settings live, by config version.
 CRI_PLUGIN = {2: 'plugins."io.containerd.grpc.v1.cri"', 3: 'plugins."io.containerd.cri.v1.runtime"'}
+# Any of these in disabled_plugins leaves containerd without a CRI service ("cri" is version 1's short ID,
+# Docker CE's containerd.io ships it; 2.x's CRI service needs both of its cri.v1 plugins).
+CRI_PLUGIN_IDS = (
+    "cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images",
+)
+# Config versions each containerd major loads: 2.x migrates version 2 on every start.
+ACCEPTED_VERSIONS = {1: (2,), 2: (2, 3)}
 HEADER = re.compile(r"^\s*\[([^\[\]]+)\]\s*$")
 IMPORTS = re.compile(r"^imports\s*=\s*\[(.*)\]\s*$")
 MANAGED = "# Managed by gpufleet (role nvidia_container_toolkit): regenerated each run; edit config.toml.\n"
@@ -124,6 +149,30 @@ def without_imports(text):
     lines = text.splitlines(True)
     end = top_level_end(lines)
     return "".join(line for i, line in enumerate(lines) if not (i < end and IMPORTS.match(line.strip())))
+
+
+def top_level_list(text, key):
+    """The strings of a top-level TOML array (either quote style), e.g. disabled_plugins."""
+    lines = text.splitlines()
+    for line in lines[: top_level_end(lines)]:
+        found = re.match(rf"^\s*{key}\s*=\s*\[(.*)\]\s*$", line)
+        if found:
+            return [a or b for a, b in re.findall(r'"([^"]*)"|\'([^\']*)\'', found.group(1))]
+    return []
+
+
+def table_value(dumped, table, key):
+    """A string value of one table in a config dump, whichever quote style the dump uses."""
+    current = None
+    for line in dumped.splitlines():
+        header = HEADER.match(line)
+        if header:
+            current = normalize(header.group(1))
+            continue
+        found = re.match(rf"^\s*{key}\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", line)
+        if current == table and found:
+            return found.group(1) if found.group(1) is not None else found.group(2)
+    return None
 
 
 def config_version_of(text):
@@ -253,6 +302,8 @@ def absent(module, params, result):
             if params["backup"]:
                 result["backups"].append(module.backup_local(params["drop_in"]))
             os.unlink(params["drop_in"])
+    result["msg"] = "runtime {} removed from containerd".format(params["runtime_name"]) if result["changed"] \
+        else "containerd had no runtime {} of this module".format(params["runtime_name"])
     module.exit_json(**result)
 
 
@@ -294,24 +345,40 @@ def main():
     params = module.params
     binary = params["containerd"]
     release, major = containerd_version(module, binary)
-    version = 3 if major >= 2 else 2
-    plugin = CRI_PLUGIN[version]
+    major = min(major, 2)
+    # containerd 2.x always dumps version 3; 1.x dumps version 2.
+    dump_plugin = CRI_PLUGIN[3 if major >= 2 else 2]
     main_text = read(params["config"])
-    result = dict(changed=False, config_version=version, containerd_version=release, backups=[])
+    result = dict(changed=False, cri_enabled=True, containerd_version=release, backups=[], msg="")
     if params["state"] == "absent":
         absent(module, params, result)
 
+    version = 3 if major >= 2 else 2
     if main_text is not None:
-        rc, _out, err = dump(module, binary, params["config"])
-        if rc != 0:
-            module.fail_json(msg=f"containerd cannot parse {params['config']}, left untouched: {err}",
-                             **result)
+        rc, dumped, err = dump(module, binary, params["config"])
         found = config_version_of(main_text)
-        if found != version:
-            module.fail_json(
-                msg=f"{params['config']} is containerd config version {found} but containerd {release} needs "
-                f"version {version}; migrate it first",
-                **result)
+        accepted = ACCEPTED_VERSIONS[major]
+        wrong_version = dict(
+            result,
+            msg=f"{params['config']} is containerd config version {found} but containerd {release} loads "
+            f"version {' or '.join(map(str, accepted))}; migrate it first (containerd config migrate, "
+            f"containerd 2.x), left untouched")
+        if rc != 0:
+            module.fail_json(**(wrong_version if found > max(accepted) else dict(
+                result, msg=f"containerd cannot parse {params['config']}, left untouched: {err}")))
+        disabled = [p for p in top_level_list(dumped, "disabled_plugins") if p in CRI_PLUGIN_IDS]
+        if disabled:
+            result.update(
+                cri_enabled=False,
+                msg=f"containerd's CRI plugin is disabled in {params['config']} (disabled_plugins: "
+                f"{', '.join(disabled)}), so this containerd serves no Kubernetes pods: left alone",
+            )
+            module.exit_json(**result)
+        if found not in accepted:
+            module.fail_json(**wrong_version)
+        version = found
+    result["config_version"] = version
+    plugin = CRI_PLUGIN[version]
 
     workdir = tempfile.mkdtemp(prefix="gpufleet-containerd-")
     try:
@@ -320,15 +387,17 @@ def main():
             handle.write(without_imports(main_text) if main_text is not None else f"version = {version}\n")
         rc, dumped, err = dump(module, binary, base)
         if rc != 0:
-            module.fail_json(msg=f"containerd cannot dump the base config: {err}", **result)
-        region = cri_section(dumped, plugin)
+            module.fail_json(**dict(result, msg=f"containerd cannot dump the base config: {err}"))
+        region = cri_section(dumped, dump_plugin)
         if not region:
-            module.fail_json(msg=f"no [{plugin}] section in containerd's config dump", **result)
+            module.fail_json(**dict(result, msg=f"no [{dump_plugin}] section in containerd's config dump"))
         systemd_cgroup = params["systemd_cgroup"]
         if systemd_cgroup is None:
-            systemd_cgroup = runc_systemd_cgroup(region, plugin)
-        region = edit_section(region, plugin, params["runtime_name"], params["set_default"])
-        new_drop_in = render_drop_in(version, region, plugin, params, systemd_cgroup)
+            systemd_cgroup = runc_systemd_cgroup(region, dump_plugin)
+        # 1.x replaces the CRI section with the drop-in's, so the drop-in carries all of it; 2.x merges.
+        carried = region if major < 2 else []
+        carried = edit_section(carried, plugin, params["runtime_name"], params["set_default"])
+        new_drop_in = render_drop_in(version, carried, plugin, params, systemd_cgroup)
         new_main = render_main(main_text, version, params["drop_in"])
 
         # Validate the candidate pair before touching the real files.
@@ -339,13 +408,15 @@ def main():
         with open(candidate_main, "w") as handle:
             handle.write(new_main.replace('"{}"'.format(params["drop_in"]), f'"{candidate_drop_in}"'))
         rc, merged, err = dump(module, binary, candidate_main)
-        expected = "{}.containerd.runtimes.{}".format(plugin, params["runtime_name"])
-        if rc != 0 or not any(
-            header.group(1) and normalize(header.group(1)) == expected
-            for header in (HEADER.match(line) for line in merged.splitlines()) if header
-        ):
-            problem = err or "runtime missing"
-            module.fail_json(msg=f"the merged containerd config does not validate: {problem}", **result)
+        runtime = "{}.containerd.runtimes.{}".format(dump_plugin, params["runtime_name"])
+        if rc != 0:
+            module.fail_json(**dict(result, msg=f"the merged containerd config does not validate: {err}"))
+        found = table_value(merged, runtime + ".options", "BinaryName")
+        if found != params["binary"]:
+            module.fail_json(**dict(
+                result,
+                msg=f"the merged containerd config does not carry the drop-in: [{runtime}.options] has "
+                f"BinaryName {found!r}, not {params['binary']!r}"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -358,6 +429,8 @@ def main():
             result["changed"] = True
             if not module.check_mode:
                 write(module, path, new, result["backups"])
+    result["msg"] = "containerd {} (config version {}) offers runtime {}{}".format(
+        release, version, params["runtime_name"], " as its default" if params["set_default"] else "")
     if module._diff:
         result["diff"] = diffs
     module.exit_json(**result)
