@@ -17,6 +17,8 @@ import copy
 import hashlib
 import json
 import os
+import re
+import reprlib
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +46,10 @@ DEFAULT_TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
 ]
 DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+MAX_EXPECTED_GPUS = 4096  # GPUs on one node; any more is a typo (and multiplies into a device count)
+_COUNT_TEXT = re.compile(r"\s*[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
+# The plugin's own spelling of booleans in its config file (src/gpufleet/deviceplugin/config.py).
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -105,21 +111,64 @@ def plugin_config(params: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """``doc[name]`` when it is a mapping (absent or null: empty); ParameterError naming it otherwise."""
+    value = doc.get(name.rsplit(".", 1)[-1]) or {}
+    if not isinstance(value, Mapping):
+        raise ParameterError(f"plugin_config.{name} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _count(value: Any, what: str, lo: int, hi: int) -> int:
+    """An integer in [lo, hi] given as a number or its digits; ParameterError naming ``what`` otherwise."""
+    if (isinstance(value, str) and _COUNT_TEXT.fullmatch(value)) or (
+        isinstance(value, float) and value.is_integer()
+    ):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ParameterError(f"{what}: expected an integer from {lo} to {hi}, got {reprlib.repr(value)}")
+    return value
+
+
+def _flag(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise ParameterError(f"{what}: expected true or false, got {type(value).__name__}")
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ParameterError(f"{what}: expected a resource name, got {type(value).__name__}")
+    return value
+
+
 def shape_of(cfg: Mapping[str, Any]) -> PluginShape:
-    """Resource name, devices per GPU and API needs, from the plugin config (defaults as the plugin's)."""
-    sharing = cfg.get("sharing") or {}
+    """Resource name, devices per GPU and API needs, from the plugin config (defaults as the plugin's);
+    ParameterError when a value the module reads here has the wrong type or range."""
+    sharing = _section(cfg, "sharing")
     mode = sharing.get("mode", "none")
-    labels = bool((cfg.get("labels") or {}).get("enabled", True))
-    port = int((cfg.get("http") or {}).get("port", 0) or 0)
+    labels = _flag(_section(cfg, "labels").get("enabled", True), "plugin_config.labels.enabled")
+    port = _count(_section(cfg, "http").get("port", 0) or 0, "plugin_config.http.port", 0, 65535)
     if mode == "memory":
-        name = (sharing.get("memory") or {}).get("resource_name", "gpufleet.io/gpu-mem")
+        memory = _section(sharing, "sharing.memory")
+        name = _name(
+            memory.get("resource_name", "gpufleet.io/gpu-mem"), "plugin_config.sharing.memory.resource_name"
+        )
         return PluginShape(name, None, labels, True, port)
-    base = cfg.get("resource_name", "nvidia.com/gpu")
+    base = _name(cfg.get("resource_name", "nvidia.com/gpu"), "plugin_config.resource_name")
     if mode == "time-slicing":
-        ts = sharing.get("time_slicing") or {}
-        return PluginShape(ts.get("rename") or base, int(ts.get("replicas", 2)), labels, False, port)
+        ts = _section(sharing, "sharing.time_slicing")
+        replicas = _count(ts.get("replicas", 2), "plugin_config.sharing.time_slicing.replicas", 1, 1024)
+        rename = ts.get("rename") or base
+        return PluginShape(
+            _name(rename, "plugin_config.sharing.time_slicing.rename"), replicas, labels, False, port
+        )
     if mode != "none":
-        raise ParameterError(f"plugin_config.sharing.mode: none, time-slicing or memory, got {mode!r}")
+        raise ParameterError(
+            f"plugin_config.sharing.mode: none, time-slicing or memory, got {reprlib.repr(mode)}"
+        )
     return PluginShape(base, 1, labels, False, port)
 
 
@@ -283,10 +332,7 @@ def expected_counts(params: Mapping[str, Any], shape: PluginShape) -> dict[str, 
     """{node: expected count of the advertised resource} from ``expected_gpus`` (None: any positive)."""
     out: dict[str, int | None] = {}
     for node, gpus in (params["expected_gpus"] or {}).items():
-        try:
-            count = int(gpus)
-        except (TypeError, ValueError):
-            raise ParameterError(f"expected_gpus.{node}: {gpus!r} is not a number of GPUs") from None
+        count = _count(gpus, f"expected_gpus.{node}", 0, MAX_EXPECTED_GPUS)
         out[str(node)] = None if shape.per_gpu is None else count * shape.per_gpu
     return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import reprlib
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -69,6 +70,18 @@ def settings_doc(params: Mapping[str, Any]) -> dict[str, Any]:
     doc.setdefault("listen_address", "0.0.0.0")
     doc.setdefault("port", DEFAULT_PORT)
     doc.setdefault("url_prefix", DEFAULT_PREFIX)
+    # The module reads these two itself (the scheduler's URL), so they are checked here too.
+    port, prefix = doc["port"], doc["url_prefix"]
+    if isinstance(port, str) and port.strip().isascii() and port.strip().isdigit() and len(port.strip()) <= 5:
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+        raise ParameterError(
+            f"settings.port: expected a port from 1 to 65535, got {reprlib.repr(doc['port'])}"
+        )
+    if not isinstance(prefix, str) or not prefix.startswith("/"):
+        raise ParameterError(
+            f"settings.url_prefix: expected a path starting with '/', got {reprlib.repr(prefix)}"
+        )
     if params["tls_secret"]:
         doc["tls_cert_file"] = f"{TLS_DIR}/tls.crt"
         doc["tls_key_file"] = f"{TLS_DIR}/tls.key"

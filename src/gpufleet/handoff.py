@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,55 @@ ALLOCATED_ANNOTATION = f"{LABEL_PREFIX}/allocated"
 
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
+# ----- Limits on what the parsers accept ----------------------------------------------------------------
+
+MAX_ANNOTATION_BYTES = 256 * 1024  # the apiserver's limit for all of an object's annotations together
+MAX_GPU_INDEX = 4095  # NVML indexes a node's GPUs from 0; no machine has thousands
+MAX_GPU_MEMORY_GIB = 1 << 20  # 1 PiB: no GPU has that much; a larger figure is garbage, not memory
+MAX_CC_PART = 999  # compute capabilities are one or two digits per part (8.0, 10.0, 12.1)
+MAX_EXPIRES_DIGITS = 12  # unix seconds to the year 33658; more digits is garbage, not a deadline
+
+_CC = re.compile(r"([0-9]{1,3})(?:\.([0-9]{1,3}))?")
+_SMALL_INT = re.compile(r"[0-9]{1,9}")  # int() of a long digit string costs time quadratic in its length
+_EXPIRES = re.compile(rf"[0-9]{{1,{MAX_EXPIRES_DIGITS}}}(?:\.[0-9]{{1,9}})?")
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 60
+_short.maxlevel = 2
+
+
+def _annotation_text(raw: Any, what: str) -> str:
+    """`raw` if it is a string the apiserver could have served as an annotation; ValueError otherwise."""
+    if not isinstance(raw, str):
+        raise ValueError(f"{what} is not a string but {type(raw).__name__}")
+    # Every character is at least one byte, so a longer string is certainly over the limit.
+    if len(raw) > MAX_ANNOTATION_BYTES:
+        raise ValueError(f"{what} is {len(raw)} characters, over the {MAX_ANNOTATION_BYTES}-byte limit")
+    return raw
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _load_json(raw: Any, what: str) -> Any:
+    """Decode an annotation's JSON; ValueError (never RecursionError) on anything but plain JSON."""
+    text = _annotation_text(raw, what)
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON ({exc.msg} at {exc.pos})") from None
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+
+
+def _bounded_int(value: Any, lo: int, hi: int) -> int | None:
+    """`value` as an int in [lo, hi] if it is one (a JSON integer or a short digit string), else None."""
+    if isinstance(value, str) and _SMALL_INT.fullmatch(value.strip()):
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
+        return value
+    return None
+
 
 def label_value(text: str) -> str:
     """`text` as a label value: at most 63 of [A-Za-z0-9._-], starting and ending alphanumeric."""
@@ -82,13 +132,15 @@ def product_label_value(models: Collection[str]) -> str:
 
 def parse_cc(value: Any) -> tuple[int, int]:
     """Parse a CUDA compute capability: "8.0", "9", 8.6 or [8, 6]; ValueError otherwise."""
-    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return int(value[0]), int(value[1])
-    text = str(value).strip()
-    match = re.fullmatch(r"(\d+)(?:\.(\d+))?", text)
-    if not match:
-        raise ValueError(f"compute capability {value!r} is not MAJOR.MINOR")
-    return int(match.group(1)), int(match.group(2) or 0)
+    if isinstance(value, list | tuple) and len(value) == 2:
+        major, minor = (_bounded_int(v, 0, MAX_CC_PART) if isinstance(v, int) else None for v in value)
+        if major is not None and minor is not None:
+            return major, minor
+    elif isinstance(value, str | int | float) and not isinstance(value, bool):
+        match = _CC.fullmatch(str(value).strip())
+        if match:
+            return int(match.group(1)), int(match.group(2) or 0)
+    raise ValueError(f"compute capability {_short.repr(value)} is not MAJOR.MINOR")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,15 +186,24 @@ class GpuEntry:
             raise ValueError(f"entry {position} lacks {exc.args[0]!r}") from None
         if not isinstance(uuid, str) or not uuid:
             raise ValueError(f"entry {position}: uuid must be a non-empty string")
-        if isinstance(memory, bool) or not isinstance(memory, int | float) or memory < 0:
-            raise ValueError(f"entry {position}: memory_gib must be a non-negative number")
+        if (
+            isinstance(memory, bool)
+            or not isinstance(memory, int | float)
+            or not 0 <= memory <= MAX_GPU_MEMORY_GIB
+        ):
+            raise ValueError(f"entry {position}: memory_gib must be a number from 0 to {MAX_GPU_MEMORY_GIB}")
         nvlink = doc.get("nvlink") or {}
         if not isinstance(nvlink, dict):
             raise ValueError(f"entry {position}: nvlink must be an object of peer uuid -> link count")
-        try:
-            index = int(doc.get("index", position))
-        except (TypeError, ValueError):
-            raise ValueError(f"entry {position}: index {doc.get('index')!r} is not an integer") from None
+        index = _bounded_int(doc.get("index", position), 0, MAX_GPU_INDEX)
+        if index is None:
+            raise ValueError(
+                f"entry {position}: index {_short.repr(doc.get('index'))} is not an integer "
+                f"from 0 to {MAX_GPU_INDEX}"
+            )
+        model = doc.get("model") or ""
+        if not isinstance(model, str):
+            raise ValueError(f"entry {position}: model must be a string")
         try:
             cc = parse_cc(doc.get("cc", "0.0"))
         except ValueError as exc:
@@ -151,7 +212,7 @@ class GpuEntry:
         return cls(
             index=index,
             uuid=uuid,
-            model=str(doc.get("model") or ""),
+            model=model,
             # The device plugin advertises one device per whole GiB, so a fractional GiB is not usable.
             memory_gib=math.floor(memory),
             cc=cc,
@@ -168,10 +229,7 @@ def format_gpus(entries: Iterable[GpuEntry]) -> str:
 
 def parse_gpus(raw: str) -> tuple[GpuEntry, ...]:
     """Parse the `gpufleet.io/gpus` annotation; ValueError naming the first problem."""
-    try:
-        doc = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at {exc.pos})") from None
+    doc = _load_json(raw, GPUS_ANNOTATION)
     if not isinstance(doc, list):
         raise ValueError("not a JSON list")
     gpus = tuple(GpuEntry.from_json_obj(entry, i) for i, entry in enumerate(doc))
@@ -204,15 +262,19 @@ class BindLock:
 
     @classmethod
     def parse(cls, raw: str) -> BindLock:
-        """Parse the annotation value; ValueError unless it is '<uid> <namespace>/<name> <expires>'."""
-        parts = raw.split()
+        """Parse the annotation value; ValueError unless it is '<uid> <namespace>/<name> <expires>'.
+
+        The expiry is unix seconds in digits (at most :data:`MAX_EXPIRES_DIGITS` before the point): never
+        `inf` or `nan`, which would hold the node forever or never.
+        """
+        parts = _annotation_text(raw, BIND_LOCK_ANNOTATION).split()
         if len(parts) != 3 or "/" not in parts[1]:
-            raise ValueError(f"{BIND_LOCK_ANNOTATION} {raw!r} is not '<uid> <namespace>/<name> <expires>'")
-        try:
-            expires = float(parts[2])
-        except ValueError:
-            raise ValueError(f"{BIND_LOCK_ANNOTATION} expiry {parts[2]!r} is not a number") from None
-        return cls(parts[0], parts[1], expires)
+            raise ValueError(
+                f"{BIND_LOCK_ANNOTATION} {_short.repr(raw)} is not '<uid> <namespace>/<name> <expires>'"
+            )
+        if not _EXPIRES.fullmatch(parts[2]):
+            raise ValueError(f"{BIND_LOCK_ANNOTATION} expiry {_short.repr(parts[2])} is not unix seconds")
+        return cls(parts[0], parts[1], float(parts[2]))
 
 
 def lock_held_by(raw: str | None, pod_uid: str) -> bool:
@@ -284,10 +346,7 @@ class Assignment:
     @classmethod
     def from_json(cls, raw: str) -> Assignment:
         """Parse the annotation; ValueError on anything the device plugin could not act on."""
-        try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"assignment is not JSON ({exc.msg})") from None
+        doc = _load_json(raw, ASSIGNMENT_ANNOTATION)
         if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
             raise ValueError("assignment lacks a node")
         entries = doc.get("containers")
@@ -308,7 +367,7 @@ class Assignment:
                 raise ValueError(f"assignment container {name!r}: gpus must be a list of uuids")
             containers.append(ContainerAssignment(name, gib, tuple(gpus)))
         ts = doc.get("ts", 0.0)
-        if isinstance(ts, bool) or not isinstance(ts, int | float):
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts < 10**MAX_EXPIRES_DIGITS:
             raise ValueError("assignment ts must be unix seconds")
         return cls(doc["node"], tuple(containers), float(ts))
 
@@ -317,8 +376,13 @@ class Assignment:
 
 
 def parse_allocated(raw: str | None) -> tuple[str, ...]:
-    """Container names in the pod's `gpufleet.io/allocated` (comma-separated; absent or empty: none)."""
-    return tuple(n for n in (raw or "").split(",") if n)
+    """Container names in the pod's `gpufleet.io/allocated` (comma-separated; absent or empty: none).
+
+    ValueError when the value is not a string the apiserver could have served.
+    """
+    if raw is None:
+        return ()
+    return tuple(n for n in _annotation_text(raw, ALLOCATED_ANNOTATION).split(",") if n)
 
 
 def format_allocated(names: Iterable[str]) -> str:

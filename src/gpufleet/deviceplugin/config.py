@@ -10,22 +10,30 @@ them are reported at once.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
 from gpufleet.deviceplugin.rm.devices import ResourceKind, ResourceSpec
 from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS
 from gpufleet.handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet.yamlfile import YamlFileError, read_yaml
 
 CONFIG_VERSION = "v1"
 ENV_PREFIX = "GPUFLEET_DP_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+MAX_CONFIG_BYTES = 16 * 1024  # every setting with comments fits in 4 KiB; more is not a config file
+MAX_INTERVAL_S = 86_400.0  # a day: longer is a typo, and thread waits overflow on huge timeouts
+MAX_LABEL_PREFIX = 253  # a label key's prefix is a DNS subdomain, at most 253 characters
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
+_FLOAT_TEXT_MAX = 32  # characters; a number of seconds needs a handful
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class ConfigError(Exception):
@@ -88,6 +96,7 @@ class Config:
 
 
 # ----- parsers: raw value (YAML scalar or string from flag/env) -> typed value, ValueError on bad input --
+# Messages show values with reprlib: a YAML alias bomb is small as a file and endless as a repr.
 
 
 def _str(v: Any) -> str:
@@ -101,41 +110,48 @@ def _bool(v: Any) -> bool:
         return v
     if isinstance(v, str) and v.lower() in {"true", "1", "yes", "on", "false", "0", "no", "off"}:
         return v.lower() in {"true", "1", "yes", "on"}
-    raise ValueError(f"expected true or false, got {v!r}")
+    raise ValueError(f"expected true or false, got {reprlib.repr(v)}")
 
 
 def _int(lo: int, hi: int) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
-        if isinstance(v, bool):
-            raise ValueError(f"expected an integer, got {v!r}")
-        try:
-            n = int(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected an integer, got {v!r}") from None
-        if not lo <= n <= hi:
-            raise ValueError(f"expected an integer in [{lo}, {hi}], got {n}")
-        return n
+        if (isinstance(v, str) and _INT_TEXT.fullmatch(v)) or (isinstance(v, float) and v.is_integer()):
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"expected an integer, got {reprlib.repr(v)}")
+        if not lo <= v <= hi:
+            raise ValueError(f"expected an integer in [{lo}, {hi}], got {reprlib.repr(v)}")
+        return v
 
     return parse
 
 
-def _positive_float(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError(f"expected a number > 0, got {v!r}")
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected a number > 0, got {v!r}") from None
-    if not x > 0:
-        raise ValueError(f"expected a number > 0, got {v!r}")
+def _interval(v: Any) -> float:
+    """Seconds: a finite number > 0 and at most :data:`MAX_INTERVAL_S`."""
+    x = math.nan
+    if (isinstance(v, int | float) and not isinstance(v, bool)) or (
+        isinstance(v, str) and len(v) <= _FLOAT_TEXT_MAX
+    ):
+        try:
+            x = float(v)
+        except OverflowError:  # an int beyond the float range
+            x = math.inf
+        except ValueError:
+            pass
+    if not x > 0:  # NaN too
+        raise ValueError(f"expected a number > 0, got {reprlib.repr(v)}")
+    if not x <= MAX_INTERVAL_S:
+        raise ValueError(
+            f"expected a number > 0 and at most {MAX_INTERVAL_S:g} seconds, got {reprlib.repr(v)}"
+        )
     return x
 
 
 def _choice(*options: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
-        if v not in options:
-            raise ValueError(f"expected one of {', '.join(options)}, got {v!r}")
-        return str(v)
+        if not isinstance(v, str) or v not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {reprlib.repr(v)}")
+        return v
 
     return parse
 
@@ -143,7 +159,7 @@ def _choice(*options: str) -> Callable[[Any], str]:
 def _xids(v: Any) -> tuple[int, ...]:
     items = [p for p in v.replace(" ", ",").split(",") if p] if isinstance(v, str) else v
     if not isinstance(items, list):
-        raise ValueError(f"expected a list of XID numbers, got {v!r}")
+        raise ValueError(f"expected a list of XID numbers, got {reprlib.repr(v)}")
     return tuple(sorted({_int(1, 1 << 16)(x) for x in items}))
 
 
@@ -151,14 +167,23 @@ def _resource_name(v: Any) -> str:
     name = _str(v)
     domain, _, short = name.partition("/")
     if not domain or not short or "." not in domain or "/" in short:
-        raise ValueError(f"expected an extended resource name like vendor.example/name, got {v!r}")
+        raise ValueError(
+            f"expected an extended resource name like vendor.example/name, got {reprlib.repr(v)}"
+        )
     return name
+
+
+def _label_prefix(v: Any) -> str:
+    prefix = _str(v)
+    if len(prefix) > MAX_LABEL_PREFIX or not _DNS_SUBDOMAIN.fullmatch(prefix):
+        raise ValueError(f"expected a DNS subdomain like gpufleet.io, got {reprlib.repr(v)}")
+    return prefix
 
 
 def _abs_path(v: Any) -> str:
     path = _str(v)
-    if not path.startswith("/"):
-        raise ValueError(f"expected an absolute path, got {v!r}")
+    if not path.startswith("/") or "\0" in path:
+        raise ValueError(f"expected an absolute path, got {reprlib.repr(v)}")
     return path
 
 
@@ -216,10 +241,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host_root", _abs_path, ("GPUFLEET_HOST_ROOT",), help="where the host's /dev is visible"),
     Setting("resource_name", _resource_name, help="resource for whole GPUs"),
     Setting("nvml.on_init_failure", _choice("retry", "fail"), help="NVML unusable at start: retry or exit"),
-    Setting("nvml.retry_interval", _positive_float, help="seconds between NVML retries"),
+    Setting("nvml.retry_interval", _interval, help="seconds between NVML retries"),
     Setting("health.enabled", _bool, help="watch XID/ECC events and probe GPUs"),
     Setting("health.ignored_xids", _xids, help="XIDs that never make a GPU unhealthy (comma-separated)"),
-    Setting("health.probe_interval", _positive_float, help="seconds between lost/recovered probes"),
+    Setting("health.probe_interval", _interval, help="seconds between lost/recovered probes"),
     Setting("allocate.device_id_strategy", _choice("uuid", "index"), help="NVIDIA_VISIBLE_DEVICES form"),
     Setting("allocate.pass_device_specs", _bool, help="return /dev/nvidia* device specs"),
     Setting("allocate.driver_mounts", _mounts, flag_ok=False),
@@ -235,7 +260,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sharing.memory.mps_container_pipe_dir", _abs_path, help="MPS pipe directory in containers"),
     Setting("sharing.memory.mps_container_log_dir", _abs_path, help="MPS log directory in containers"),
     Setting("labels.enabled", _bool, help="publish node labels and the gpus annotation"),
-    Setting("labels.prefix", _str, help="label domain"),
+    Setting("labels.prefix", _label_prefix, help="label domain"),
     Setting("http.port", _int(0, 65535), help="port for /metrics and /healthz (0: off)"),
     Setting("http.address", _str, help="address for /metrics and /healthz"),
     Setting("log.level", _choice("debug", "info", "warning", "error")),
@@ -243,13 +268,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kubernetes.kubeconfig", _str, help="kubeconfig path (empty: in-cluster, then ~/.kube/config)"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
+# The mappings that group settings (`health`, `allocate.cdi`): the only ones the file loader descends into,
+# so an aliased mapping under an unknown key is reported, never walked.
+_SECTIONS = {s.name.rsplit(".", n)[0] for s in SETTINGS for n in range(1, s.name.count(".") + 1)}
 
 
 def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in doc.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and name not in _BY_NAME:
+        if isinstance(value, dict) and name in _SECTIONS:
             out.update(_flatten(value, name + "."))
         else:
             out[name] = value
@@ -259,11 +287,9 @@ def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a config file into {setting name: raw value}; raise ConfigError on any problem."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        doc = read_yaml(path, MAX_CONFIG_BYTES)
+    except YamlFileError as exc:
+        raise ConfigError(f"{reprlib.repr(str(path))}: {exc}") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -271,7 +297,7 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     errors = []
     version = doc.pop("version", None)
     if version != CONFIG_VERSION:
-        errors.append(f"{path}: version: expected {CONFIG_VERSION!r}, got {version!r}")
+        errors.append(f"{path}: version: expected {CONFIG_VERSION!r}, got {reprlib.repr(version)}")
     flat = _flatten(doc)
     errors += [f"{path}: {name}: unknown setting" for name in flat if name not in _BY_NAME]
     if errors:

@@ -49,7 +49,7 @@ def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX) -> dict[str, str
     }
     if inv.driver_version:
         labels["driver.version"] = label_value(inv.driver_version)
-        labels["driver.major"] = driver[0]
+        labels["driver.major"] = label_value(driver[0])  # NVML's text: never trusted to be a label value
     if inv.cuda_driver_version:
         labels["cuda.driver.major"] = str(inv.cuda_driver_version // 1000)
         labels["cuda.driver.minor"] = str(inv.cuda_driver_version % 1000 // 10)

@@ -115,12 +115,16 @@ def node_info(obj: Mapping[str, Any], previous: NodeInfo | None = None) -> NodeI
 
     With `previous` (the same node's last parse), GPUs published unchanged are not parsed again.
     """
-    meta = obj.get("metadata") or {}
+    meta = obj.get("metadata") or {} if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        raise ValueError("node without metadata")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("node without metadata.name")
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
+    if not isinstance(labels, Mapping) or not isinstance(annotations, Mapping):
+        raise ValueError(f"node {name}: metadata.labels and metadata.annotations must be objects")
     raw = annotations.get(GPUS_ANNOTATION)
     if previous is not None and previous.gpus_raw is not None and previous.gpus_raw == raw:
         gpus, gpu_error = previous.gpus, previous.gpu_error

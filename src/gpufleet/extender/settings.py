@@ -7,18 +7,27 @@ message naming the setting and its source.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import os
+import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import yaml
-
 from gpufleet.extender.request import Policy
+from gpufleet.yamlfile import YamlFileError, read_yaml
 
 ENV_PREFIX = "GPUFLEET_EXTENDER_"
 CONFIG_VERSION = "v1"
+
+MAX_SETTINGS_BYTES = 16 * 1024  # every setting with comments fits in 2 KiB; more is not a settings file
+MAX_SECONDS = 86_400.0  # a day: a longer TTL or wait is a typo, and huge ones overflow timer arithmetic
+MAX_BODY_MIB = 4096  # 16x the default, far above a 5000-node cluster's full Nodes list
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
+_FLOAT_TEXT_MAX = 32  # characters; a number of seconds needs a handful
 
 
 class SettingsError(ValueError):
@@ -90,22 +99,40 @@ class Settings:
 _CHOICES = {"log_format": ("kv", "json"), "log_level": ("debug", "info", "warning", "error")}
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
-    kind = next(f for f in fields(Settings) if f.name == name).type
+def _as_int(value: str | int | float) -> int | None:
+    if isinstance(value, str):
+        return int(value) if _INT_TEXT.fullmatch(value) else None
+    return int(value) if isinstance(value, int) or value.is_integer() else None
+
+
+def _as_float(value: str | int | float) -> float | None:
+    if isinstance(value, str) and len(value) > _FLOAT_TEXT_MAX:
+        return None
     try:
+        number = float(value)
+    except (ValueError, OverflowError):  # not a number; an int beyond the float range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """`value` from a file, the environment or a flag as the setting's type. Only scalars are accepted, so a
+    YAML alias bomb is refused before anything walks or prints it; numbers must be finite."""
+    kind = next(f for f in fields(Settings) if f.name == name).type
+    result: Any = None
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
         if kind in ("int", int):
-            if isinstance(value, bool):
-                raise ValueError
-            return int(value)
-        if kind in ("float", float):
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if kind in ("Policy", Policy):
-            return Policy(str(value).strip().lower())
-        return str(value)
-    except ValueError:
-        raise SettingsError(f"{name} from {source}: {value!r} is not a valid {kind}") from None
+            result = _as_int(value)
+        elif kind in ("float", float):
+            result = _as_float(value)
+        elif kind in ("Policy", Policy):
+            with contextlib.suppress(ValueError):
+                result = Policy(str(value).strip().lower())
+        else:
+            result = str(value)
+    if result is None:
+        raise SettingsError(f"{name} from {source}: {reprlib.repr(value)} is not a valid {kind}")
+    return result
 
 
 def _validate(s: Settings) -> None:
@@ -129,8 +156,11 @@ def _validate(s: Settings) -> None:
             raise SettingsError(f"{name} must be positive")
     if s.lock_wait < 0:
         raise SettingsError("lock_wait must not be negative")
-    if s.max_body_mib <= 0:
-        raise SettingsError("max_body_mib must be positive")
+    for name in ("lock_ttl", "reservation_ttl", "bind_wait", "lock_wait", "api_timeout", "sweep_interval"):
+        if getattr(s, name) > MAX_SECONDS:
+            raise SettingsError(f"{name} must be at most {MAX_SECONDS:g} seconds")
+    if not 0 < s.max_body_mib <= MAX_BODY_MIB:
+        raise SettingsError(f"max_body_mib must be positive and at most {MAX_BODY_MIB}")
 
 
 def load_settings(
@@ -142,21 +172,15 @@ def load_settings(
     names = {f.name for f in fields(Settings)}
     values: dict[str, Any] = {}
     if path:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                doc = yaml.safe_load(fh) or {}
-        except OSError as exc:
-            raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise SettingsError(f"config file {path} is not YAML: {exc}") from None
-        if not isinstance(doc, dict):
-            raise SettingsError(f"config file {path} must be a mapping")
+        doc = _read_yaml(path)
         version = doc.pop("version", CONFIG_VERSION)
         if version != CONFIG_VERSION:
-            raise SettingsError(f"config file {path}: version {version!r} is not {CONFIG_VERSION!r}")
+            raise SettingsError(
+                f"config file {path}: version {reprlib.repr(version)} is not {CONFIG_VERSION!r}"
+            )
         for key, value in doc.items():
             if key not in names:
-                raise SettingsError(f"config file {path}: unknown setting {key!r}")
+                raise SettingsError(f"config file {path}: unknown setting {reprlib.repr(key)}")
             values[key] = _coerce(key, value, f"file {path}")
     for key, value in (env if env is not None else os.environ).items():
         if key.startswith(ENV_PREFIX):
@@ -172,3 +196,14 @@ def load_settings(
         settings = dataclasses.replace(settings, url_prefix=settings.url_prefix.rstrip("/"))
     _validate(settings)
     return settings
+
+
+def _read_yaml(path: str) -> dict[Any, Any]:
+    """The settings file as a mapping; SettingsError when unreadable, oversized or not a YAML mapping."""
+    try:
+        doc = read_yaml(path, MAX_SETTINGS_BYTES) or {}
+    except YamlFileError as exc:
+        raise SettingsError(f"config file {reprlib.repr(path)}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SettingsError(f"config file {path} must be a mapping")
+    return doc

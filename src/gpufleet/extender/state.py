@@ -121,11 +121,14 @@ class NodeEntry:
 
 
 def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
-    """Reduce a Pod to what accounting needs; None for pods that touch no GPU."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    annotations = meta.get("annotations") or {}
+    """Reduce a Pod to what accounting needs; None for pods that touch no GPU.
+
+    Never raises: whatever a watched pod carries, its problems become `request_error`/`assignment_error`.
+    """
+    meta = _object(obj.get("metadata"))
+    spec = _object(obj.get("spec"))
+    status = _object(obj.get("status"))
+    annotations = _object(meta.get("annotations"))
     request: GpuRequest | None = None
     request_error: str | None = None
     try:
@@ -153,18 +156,29 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
     )
     if not relevant:
         return None
+    try:
+        allocated = parse_allocated(annotations.get(ALLOCATED_ANNOTATION))
+    except ValueError as exc:
+        allocated = ()
+        assignment_error = "; ".join(e for e in (assignment_error, str(exc)) if e)
+    node_name = spec.get("nodeName")
     return PodRecord(
         uid=str(meta.get("uid") or ""),
         key=f"{meta.get('namespace') or 'default'}/{meta.get('name')}",
-        node_name=spec.get("nodeName") or None,
+        node_name=node_name if isinstance(node_name, str) and node_name else None,
         terminal=status.get("phase") in _TERMINAL_PHASES,
         whole=whole,
         request=request,
         request_error=request_error,
         assignment=assignment,
         assignment_error=assignment_error,
-        allocated=parse_allocated(annotations.get(ALLOCATED_ANNOTATION)),
+        allocated=allocated,
     )
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """A JSON object from a watched object's field; anything else reads as empty."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _complaint(record: PodRecord) -> str | None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import shutil
 import stat
 import sys
@@ -20,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpufleet.yamlfile import YamlFileError, read_yaml
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 SCHEMA = 1
@@ -52,8 +53,46 @@ SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DRIVER_BUILD_DATE = "Wed Jul 16 03:47:41 UTC 2025"
 
 
+# Limits on what a fixture may describe: beyond them it is garbage, and expanding it would cost without bound.
+MAX_FIXTURE_BYTES = 64 * 1024  # the bundled fixtures are under 3 KiB
+MAX_GPUS = 128  # three times the largest bundled fixture (40); the topology table grows with the square
+MAX_NUMA_NODES = 64  # one sysfs node directory each
+MAX_CPUS = 8192  # Linux's largest NR_CPUS default on x86_64
+MAX_NVSWITCHES = 64  # one device node and PCI device each
+MAX_LINKS_PER_SWITCH = 18  # a Hopper GPU has 18 NVLinks in all
+MAX_KERNEL_LOG_LINES = 10_000  # /dev/kmsg's ring holds far fewer of the driver's messages
+MAX_MACHINE_JSON_BYTES = 16 << 20  # machine.json of MAX_GPUS GPUs is a few hundred KiB
+_DMI_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # a file name under sys/class/dmi/id, never a path
+
+
 class FixtureError(ValueError):
     """A fixture name that does not exist, or a fixture file that does not describe a machine."""
+
+
+def _int(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise FixtureError(f"{what} must be an integer from {lo} to {hi}, got {reprlib.repr(value)}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    # YAML reads 550.54 as a number: numbers are text here, collections are not (str() of an alias bomb
+    # would never end).
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise FixtureError(f"{what} must be text, got {reprlib.repr(value)}")
+    return str(value)
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FixtureError(f"{what} must be a mapping, got {reprlib.repr(value)}")
+    return value
+
+
+def _list(value: Any, what: str, most: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) > most:
+        raise FixtureError(f"{what} must be a list of at most {most} items, got {reprlib.repr(value)}")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
@@ -66,18 +105,24 @@ def fixture_names() -> list[str]:
 def fixture_path(fixture: str | os.PathLike[str]) -> Path:
     """Resolve a bundled fixture name or a path to a YAML file."""
     p = Path(fixture)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        return p
     candidate = FIXTURE_DIR / f"{fixture}.yaml"
-    if not candidate.is_file():
-        raise FixtureError(f"unknown fixture {str(fixture)!r}; known: {', '.join(fixture_names())}")
-    return candidate
+    try:
+        if p.suffix in (".yaml", ".yml") and p.is_file():
+            return p
+        if candidate.is_file():
+            return candidate
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        pass
+    raise FixtureError(f"unknown fixture {reprlib.repr(str(fixture))}; known: {', '.join(fixture_names())}")
 
 
 def load_fixture(fixture: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
     """Read a fixture; returns (name, parsed YAML)."""
     path = fixture_path(fixture)
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = read_yaml(path, MAX_FIXTURE_BYTES)
+    except YamlFileError as exc:
+        raise FixtureError(f"{path}: {exc}") from None
     if not isinstance(data, dict) or "gpu" not in data or "gpus" not in data:
         raise FixtureError(f"{path}: a fixture needs 'gpu' (the model) and 'gpus' (the layout)")
     return path.stem, data
@@ -124,15 +169,30 @@ def sysfs_name(nvml_bus_id: str) -> str:
 def _layout(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Flatten the fixture's GPU groups into one entry per GPU, in NVML index order."""
     out: list[dict[str, Any]] = []
-    for g in groups:
+    for n, g in enumerate(_list(groups, "gpus", MAX_GPUS)):
+        g = _mapping(g, f"gpus[{n}]")
         if "buses" in g:
-            buses = list(g["buses"])
+            buses = _list(g["buses"], f"gpus[{n}].buses", MAX_GPUS)
         else:
-            buses = [g["first_bus"] + k * g.get("bus_step", 1) for k in range(g["count"])]
+            first = _int(g["first_bus"], f"gpus[{n}].first_bus", 0, 255)
+            step = _int(g.get("bus_step", 1), f"gpus[{n}].bus_step", 1, 255)
+            buses = [first + k * step for k in range(_int(g["count"], f"gpus[{n}].count", 0, MAX_GPUS))]
         for b in buses:
-            out.append({"bus": int(b), "domain": int(g.get("domain", 0)), "numa": int(g.get("numa", 0)),
-                        "host_bridge": g.get("host_bridge"), "pcie_switch": g.get("pcie_switch")})
+            out.append({"bus": _int(b, f"gpus[{n}] bus", 0, 255),
+                        "domain": _int(g.get("domain", 0), f"gpus[{n}].domain", 0, 0xFFFF),
+                        "numa": _int(g.get("numa", 0), f"gpus[{n}].numa", -1, MAX_NUMA_NODES - 1),
+                        "host_bridge": _switch(g.get("host_bridge"), f"gpus[{n}].host_bridge"),
+                        "pcie_switch": _switch(g.get("pcie_switch"), f"gpus[{n}].pcie_switch")})
+    if len(out) > MAX_GPUS:
+        raise FixtureError(f"{len(out)} GPUs; a fixture describes at most {MAX_GPUS}")
+    if len({(slot["domain"], slot["bus"]) for slot in out}) != len(out):
+        raise FixtureError("two GPUs share a PCI bus")
     return out
+
+
+def _switch(value: Any, what: str) -> int | str | None:
+    """A host bridge or PCIe switch label: compared for equality only."""
+    return None if value is None else _text(value, what)
 
 
 def topology_level(a: dict[str, Any], b: dict[str, Any]) -> int:
@@ -162,35 +222,63 @@ def kernel_log(host: dict[str, Any], kmod: str) -> list[str]:
     if bool(host.get("driver_loaded", True)):
         # nv.c's "NVRM: loading %s" with the module's banner, as /proc/driver/nvidia/version shows it.
         lines.append(f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}")
-    lines += [str(line).rstrip("\n") for line in host.get("kernel_log") or []]
+    extra = _list(host.get("kernel_log") or [], "host.kernel_log", MAX_KERNEL_LOG_LINES)
+    lines += [_text(line, "host.kernel_log line").rstrip("\n") for line in extra]
     return lines
 
 
 def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
-    """Expand a fixture into the full machine.json document (schema 1)."""
+    """Expand a fixture into the full machine.json document (schema 1); FixtureError naming the first
+    problem when the fixture is not a machine (missing or mistyped fields, values beyond the limits)."""
     name, fx = load_fixture(fixture)
-    host = dict(fx.get("host") or {})
-    model = fx["gpu"]
-    driver = str(host.get("driver_version", DEFAULT_DRIVER))
-    kmod = str(host.get("kernel_module_version") or driver)
+    try:
+        return _expand(name, fx)
+    except FixtureError as exc:
+        raise FixtureError(f"{name}: {exc}") from None
+    except KeyError as exc:
+        raise FixtureError(f"{name}: missing or unknown {reprlib.repr(exc.args[0])}") from None
+    except (TypeError, ValueError) as exc:  # a field of the wrong shape (a number where a pair belongs)
+        raise FixtureError(f"{name}: not a machine description: {reprlib.repr(str(exc))}") from None
+
+
+def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
+    host = dict(_mapping(fx.get("host") or {}, "host"))
+    model = _mapping(fx["gpu"], "gpu")
+    driver = _text(host.get("driver_version", DEFAULT_DRIVER), "host.driver_version")
+    kmod = _text(host.get("kernel_module_version") or driver, "host.kernel_module_version")
     layout = _layout(fx["gpus"])
-    nvsw = fx.get("nvswitch") or {}
-    sw_buses = [int(b) for b in nvsw.get("buses", [])]
+    nvsw = _mapping(fx.get("nvswitch") or {}, "nvswitch")
+    sw_buses = [_int(b, "nvswitch bus", 0, 255)
+                for b in _list(nvsw.get("buses", []), "nvswitch.buses", MAX_NVSWITCHES)]
     sw_ids = [bus_id(0, b) for b in sw_buses]
-    links_per_switch = list(nvsw.get("links_per_switch", []))
+    links = _list(nvsw.get("links_per_switch", []), "nvswitch.links_per_switch", MAX_NVSWITCHES)
+    links_per_switch = [_int(n, "nvswitch.links_per_switch", 0, MAX_LINKS_PER_SWITCH) for n in links]
+    sw_device_id = _int(nvsw["pci_device_id"], "nvswitch.pci_device_id", 0, 0xFFFF) if sw_buses else 0
     if len(links_per_switch) != len(sw_buses):
-        raise FixtureError(f"{name}: nvswitch.links_per_switch must have one entry per switch bus")
+        raise FixtureError("nvswitch.links_per_switch must have one entry per switch bus")
     fabric = fx.get("fabric")
-    arch = ARCHITECTURES[str(model["architecture"]).lower()]
-    brand = BRANDS[str(model.get("brand", "nvidia")).lower()]
+    fabric = None if fabric is None else _mapping(fabric, "fabric")
+    arch = ARCHITECTURES[_text(model["architecture"], "gpu.architecture").lower()]
+    brand = BRANDS[_text(model.get("brand", "nvidia"), "gpu.brand").lower()]
     ecc = bool(model.get("ecc", True))
     mig = bool(model.get("mig_capable", False))
     events = EVENT_PSTATE | EVENT_XID | EVENT_CLOCK | (EVENT_SBE | EVENT_DBE if ecc else 0) | (
         EVENT_MIG if mig else 0)
-    sub_vendor, sub_device = model["pci_subsystem"]
-    clocks = model.get("clocks_mhz") or {}
-    power_limit_mw = int(model.get("power_limit_w", 300)) * 1000
-    total = int(model["memory_mib"]) * MIB
+    sub_vendor, sub_device = (_int(v, "gpu.pci_subsystem", 0, 0xFFFF) for v in model["pci_subsystem"])
+    device_id = _int(model["pci_device_id"], "gpu.pci_device_id", 0, 0xFFFF)
+    cuda_cc = [_int(v, "gpu.cuda_cc", 0, 99) for v in _list(model["cuda_cc"], "gpu.cuda_cc", 2)]
+    clocks_mhz = _mapping(model.get("clocks_mhz") or {}, "gpu.clocks_mhz")
+    clocks = {k: _int(v, f"gpu.clocks_mhz.{k}", 0, 100_000) for k, v in clocks_mhz.items()}
+    power_limit_mw = _int(model.get("power_limit_w", 300), "gpu.power_limit_w", 1, 100_000) * 1000
+    memory_mib = _int(model["memory_mib"], "gpu.memory_mib", 1, 1 << 24)
+    total = memory_mib * MIB
+    reserved = _int(model.get("reserved_mib", 0), "gpu.reserved_mib", 0, memory_mib) * MIB
+    dmi_doc = _mapping(host.get("dmi") or {}, "host.dmi")
+    dmi = {_text(k, "host.dmi key"): _text(v, f"host.dmi.{k}") for k, v in dmi_doc.items()}
+    for key in dmi:
+        if not _DMI_NAME.fullmatch(key):
+            raise FixtureError(f"host.dmi keys are sysfs file names like sys_vendor, got {reprlib.repr(key)}")
+    clique = None if fabric is None else _int(fabric["clique_id"], "fabric.clique_id", 0, 2**31 - 1)
     fabric_uuid = _uuid_text(_digest(name, "fabric"))
 
     gpus: list[dict[str, Any]] = []
@@ -203,15 +291,15 @@ def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
             "minor": i,
             "uuid": gpu_uuid(name, i),
             "serial": gpu_serial(name, i),
-            "name": model["name"],
+            "name": _text(model["name"], "gpu.name"),
             "brand": brand,
             "architecture": arch,
-            "cuda_cc": list(model["cuda_cc"]),
+            "cuda_cc": cuda_cc,
             "bus_id": bus_id(slot["domain"], slot["bus"]),
             "pci": {"domain": slot["domain"], "bus": slot["bus"], "device": 0,
-                    "device_id": (int(model["pci_device_id"]) << 16) | NVIDIA_VENDOR,
-                    "subsystem_id": (int(sub_device) << 16) | int(sub_vendor)},
-            "memory": {"total": total, "reserved": int(model.get("reserved_mib", 0)) * MIB, "used": 0},
+                    "device_id": (device_id << 16) | NVIDIA_VENDOR,
+                    "subsystem_id": (sub_device << 16) | sub_vendor},
+            "memory": {"total": total, "reserved": reserved, "used": 0},
             "numa_node": slot["numa"],
             # The GPU's *own* memory NUMA node (coherent platforms such as Grace Hopper). None on x86
             # PCIe/SXM boxes, where real NVML answers nvmlDeviceGetNumaNodeId with NOT_SUPPORTED.
@@ -220,48 +308,57 @@ def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
             "mig_mode": {"current": 0, "pending": 0} if mig else None,
             "ecc": ecc,
             "nvlinks": nvlinks,
-            "fabric": ({"cluster_uuid": fabric_uuid, "clique_id": int(fabric["clique_id"])}
-                       if fabric else None),
-            "board_part_number": str(model.get("board_part_number", "")),
-            "vbios_version": str(model.get("vbios_version", "")),
-            "inforom_image_version": str(model.get("inforom_image_version", "G500.0200.00.03")),
+            "fabric": {"cluster_uuid": fabric_uuid, "clique_id": clique} if fabric else None,
+            "board_part_number": _text(model.get("board_part_number", ""), "gpu.board_part_number"),
+            "vbios_version": _text(model.get("vbios_version", ""), "gpu.vbios_version"),
+            "inforom_image_version": _text(model.get("inforom_image_version", "G500.0200.00.03"),
+                                           "gpu.inforom_image_version"),
             "power_limit_mw": power_limit_mw,
             "power_usage_mw": power_limit_mw * 15 // 100 + 1000 * (i % 7),
             "temperature_c": 30 + i % 6,
             "performance_state": 0,
-            "clocks": {"graphics": 210, "sm": 210, "memory": int(clocks.get("memory", 1000)),
-                       "video": min(555, int(clocks.get("video", 555)))},
-            "max_clocks": {k: int(clocks.get(k, 1000)) for k in ("graphics", "sm", "memory", "video")},
+            "clocks": {"graphics": 210, "sm": 210, "memory": clocks.get("memory", 1000),
+                       "video": min(555, clocks.get("video", 555))},
+            "max_clocks": {k: clocks.get(k, 1000) for k in ("graphics", "sm", "memory", "video")},
             "supported_events": events,
         })
     topology = [[topology_level(a, b) for b in layout] for a in layout]
-    cpus, nodes = int(host.get("cpus", 32)), int(host.get("numa_nodes", 1))
+    nodes = _int(host.get("numa_nodes", 1), "host.numa_nodes", 1, MAX_NUMA_NODES)
+    cpus = _int(host.get("cpus", 32), "host.cpus", nodes, MAX_CPUS)  # at least one per NUMA node
+    if any(slot["numa"] >= nodes for slot in layout):
+        raise FixtureError(f"a GPU's numa is beyond host.numa_nodes ({nodes})")
+    secure_boot, hypervisor = host.get("secure_boot"), host.get("hypervisor")
+    if secure_boot is not None and not isinstance(secure_boot, bool):
+        raise FixtureError(f"host.secure_boot must be true, false or absent, got {reprlib.repr(secure_boot)}")
+    fabricmanager = host.get("fabricmanager", "running" if sw_buses else None)
+    if fabricmanager not in (None, "running", "stopped"):  # a line of the control file: never free text
+        raise FixtureError(f"host.fabricmanager: running or stopped, got {reprlib.repr(fabricmanager)}")
     return {
         "schema": SCHEMA,
         "name": name,
-        "description": str(fx.get("description", "")),
+        "description": _text(fx.get("description", ""), "description"),
         "driver_version": driver,
         "kernel_module_version": kmod,
         "nvml_version": f"12.{driver}",
-        "cuda_driver_version": int(host.get("cuda_driver_version", DEFAULT_CUDA)),
+        "cuda_driver_version": _int(host.get("cuda_driver_version", DEFAULT_CUDA), "host.cuda_driver_version",
+                                    1000, 99_999),
         "fabricmanager_required": bool(sw_buses),
         "host": {
-            "kernel_release": str(host.get("kernel_release", DEFAULT_KERNEL)),
+            "kernel_release": _text(host.get("kernel_release", DEFAULT_KERNEL), "host.kernel_release"),
             "driver_loaded": bool(host.get("driver_loaded", True)),
             "nouveau_loaded": bool(host.get("nouveau_loaded", False)),
-            "secure_boot": host.get("secure_boot"),
-            "hypervisor": host.get("hypervisor"),
-            "dmi": dict(host.get("dmi") or {}),
+            "secure_boot": secure_boot,
+            "hypervisor": None if hypervisor is None else _text(hypervisor, "host.hypervisor"),
+            "dmi": dmi,
             "cpus": cpus,
             "numa_nodes": nodes,
-            "fabricmanager": host.get("fabricmanager", "running" if sw_buses else None),
+            "fabricmanager": fabricmanager,
             "kernel_log": kernel_log(host, kmod),
         },
         "numa_cpus": _numa_cpus(cpus, nodes),
         "gpus": gpus,
         "topology": topology,
-        "nvswitches": [{"bus_id": b, "device_id": (int(nvsw["pci_device_id"]) << 16) | NVIDIA_VENDOR}
-                       for b in sw_ids],
+        "nvswitches": [{"bus_id": b, "device_id": (sw_device_id << 16) | NVIDIA_VENDOR} for b in sw_ids],
     }
 
 
@@ -526,12 +623,24 @@ def materialize(fixture: str | os.PathLike[str], root: str | os.PathLike[str], *
 
 
 def load_machine(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a sim root's machine.json."""
+    """Read a sim root's machine.json; FixtureError when it is not a machine document."""
     path = Path(root) / "machine.json"
     try:
-        return json.loads(path.read_text())
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_MACHINE_JSON_BYTES + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{root} is not a sim root (no machine.json)") from None
+    if len(raw) > MAX_MACHINE_JSON_BYTES:
+        raise FixtureError(f"{path}: larger than {MAX_MACHINE_JSON_BYTES} bytes; not a machine")
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise FixtureError(f"{path}: nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise FixtureError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("gpus"), list):
+        raise FixtureError(f"{path}: not a schema {SCHEMA} machine document")
+    return doc
 
 
 def default_root(fixture: str) -> Path:

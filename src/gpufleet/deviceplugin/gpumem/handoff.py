@@ -68,7 +68,10 @@ def assignment_of(pod: PodView) -> Assignment | None:
 
 def allocated_of(pod: PodView) -> tuple[str, ...]:
     """Container names the device plugin already allocated for this pod."""
-    return parse_allocated(pod.annotations.get(ALLOCATED_ANNOTATION))
+    try:
+        return parse_allocated(pod.annotations.get(ALLOCATED_ANNOTATION))
+    except ValueError as exc:
+        raise HandoffError(f"pod {pod.ref}: {ALLOCATED_ANNOTATION} is malformed ({exc})") from None
 
 
 def pending_of(pod: PodView) -> tuple[ContainerAssignment, ...]:

@@ -142,11 +142,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             if len(request.container_requests) > MAX_CONTAINER_REQUESTS:
                 raise PreferenceError(f"{len(request.container_requests)} container requests is too many")
             for creq in request.container_requests:
-                ids = self.rm.preferred(
-                    self.spec.name,
-                    list(creq.available_deviceIDs),
-                    list(creq.must_include_deviceIDs),
-                    creq.allocation_size,
+                available = list(dict.fromkeys(creq.available_deviceIDs))
+                must = list(dict.fromkeys(creq.must_include_deviceIDs))
+                self._check_preferred(available, must, creq.allocation_size)
+                # In a thread: the search is combinatorial (bounded by the checks above), and the loop
+                # keeps answering Allocate and ListAndWatch meanwhile.
+                ids = await asyncio.to_thread(
+                    self.rm.preferred, self.spec.name, available, must, creq.allocation_size
                 )
                 resp.container_responses.add(deviceIDs=ids)
                 # The answer is advisory: logging it lets an operator (and the lab tests) compare it
@@ -166,6 +168,17 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self.metrics.inc("gpufleet_dp_preferred_total", resource=self.spec.name, code="OK")
         return resp
+
+    def _check_preferred(self, available: list[str], must: list[str], size: int) -> None:
+        """Refuse, before any search, what no kubelet sends: more distinct IDs than the resource has devices
+        (the search's cost grows with the square of the lists), more must-include devices than the size."""
+        _, devices = self.rm.devices(self.spec.name)
+        if len(available) > len(devices):
+            raise PreferenceError(
+                f"{len(available)} available device IDs but {self.spec.name} has only {len(devices)} devices"
+            )
+        if 0 < size < len(must):
+            raise PreferenceError(f"{len(must)} must-include devices exceed allocation size {size}")
 
     async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         """Per container: the GPUs' environment, device nodes, mounts (or the hand-off for GPU memory)."""

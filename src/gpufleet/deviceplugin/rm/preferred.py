@@ -111,7 +111,8 @@ def preferred_allocation(
         raise PreferenceError(f"allocation size must be positive, got {size}")
     if size > len(avail):
         raise PreferenceError(f"allocation size {size} exceeds the {len(avail)} available devices")
-    missing = [d for d in must if d not in set(avail)]
+    offered = set(avail)
+    missing = [d for d in must if d not in offered]
     if missing:
         raise PreferenceError(f"must-include devices are not available: {', '.join(missing)}")
     must = list(dict.fromkeys(must))
@@ -127,11 +128,13 @@ def preferred_allocation(
 def _replicas(inv: NodeInventory, avail: list[str], must: list[str], size: int) -> list[str]:
     """Spread replicas over distinct, well-connected GPUs; double up on a GPU only when out of GPUs."""
     free_by_gpu: dict[str, list[str]] = {}
+    forced = set(must)
     for dev in avail:
-        if dev not in must:
+        if dev not in forced:
             free_by_gpu.setdefault(gpu_of(dev), []).append(dev)
     must_gpus = list(dict.fromkeys(gpu_of(d) for d in must))
-    other = [g for g in free_by_gpu if g not in must_gpus]
+    must_set = set(must_gpus)
+    other = [g for g in free_by_gpu if g not in must_set]
     extra = min(size - len(must), len(other))
     known = inv.by_uuid()
     if all(g in known for g in must_gpus + other):
@@ -139,11 +142,12 @@ def _replicas(inv: NodeInventory, avail: list[str], must: list[str], size: int) 
     else:  # a GPU vanished from discovery since the kubelet listed its devices: keep the kubelet's order
         chosen = must_gpus + other[:extra]
     result = list(must)
+    chosen_set = set(chosen)
     for gpu in chosen:
-        if gpu not in must_gpus and len(result) < size:
+        if gpu not in must_set and len(result) < size:
             result.append(free_by_gpu[gpu].pop(0))
     leftovers = [d for g in chosen for d in free_by_gpu.get(g, [])]
-    leftovers += [d for g, devs in free_by_gpu.items() if g not in chosen for d in devs]
+    leftovers += [d for g, devs in free_by_gpu.items() if g not in chosen_set for d in devs]
     result.extend(leftovers[: size - len(result)])
     return result
 
@@ -151,8 +155,9 @@ def _replicas(inv: NodeInventory, avail: list[str], must: list[str], size: int) 
 def _memory_units(inv: NodeInventory, avail: list[str], must: list[str], size: int) -> list[str]:
     """Take memory units from as few GPUs as possible: the must-include GPUs, then the emptiest GPU."""
     free_by_gpu: dict[str, list[str]] = {}
+    forced = set(must)
     for dev in avail:
-        if dev not in must:
+        if dev not in forced:
             free_by_gpu.setdefault(gpu_of(dev), []).append(dev)
     order = {u: n for n, u in enumerate(g.uuid for g in inv.gpus)}
     must_gpus = {gpu_of(d) for d in must}
