@@ -93,7 +93,7 @@ def _deb822_stanzas(text: str) -> list[tuple[int, dict[str, str]]]:
         if raw[0] in " \t" and key:
             fields[key] += "\n" + raw.strip()
         elif ":" in raw:
-            key, _, value = raw.partition(":")
+            key, value = raw.split(":", 1)
             key = key.strip().lower()
             fields[key] = value.strip()
             start = start if len(fields) > 1 else number

@@ -1,7 +1,8 @@
 """End state of nvidia_driver on Ubuntu 22.04: Ubuntu's restricted driver userspace at exactly the version,
 held, pinned by its source package; nvidia-smi wired to it (exit 9 without a kernel module).
 
-Branch, version and package set come from the scenario's molecule.yml (group_vars all), not from constants.
+The package set comes from the scenario's molecule.yml (group_vars all); branch and version are the role's
+Ubuntu defaults (roles/nvidia_driver/vars/Ubuntu.yml), which the scenario leaves unset.
 """
 
 import os
@@ -12,8 +13,9 @@ import yaml
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parents[1]))
 MOLECULE = yaml.safe_load((SCENARIO / "molecule.yml").read_text())
 VARS = MOLECULE["provisioner"]["inventory"]["group_vars"]["all"]
-BRANCH = VARS["gpufleet_driver_branch"]
-VERSION = VARS["gpufleet_driver_version"]
+ROLE_VARS = yaml.safe_load((SCENARIO.parents[1] / "roles/nvidia_driver/vars/Ubuntu.yml").read_text())
+BRANCH = ROLE_VARS["nvidia_driver_os_default_branch"]
+VERSION = ROLE_VARS["nvidia_driver_os_default_version"]
 PINNED = tuple(VARS["nvidia_driver_packages"])
 # The role's guess of Ubuntu's source package name (vars/Ubuntu.yml: nvidia_driver_apt_pin_sources).
 SOURCE = f"nvidia-graphics-drivers-{BRANCH}-server"
@@ -67,6 +69,17 @@ def test_driver_comes_from_restricted_without_debian_sources(host):
 def test_persistenced_enabled(host):
     # Enabled, not started: without a kernel module the daemon cannot run (verify_kernel_module false).
     assert host.service("nvidia-persistenced").is_enabled
+
+
+def test_persistenced_runs_with_persistence_mode_on(host):
+    # Ubuntu's unit passes --no-persistence-mode; the role's drop-in replaces its ExecStart, the unit stays.
+    shipped = host.file("/lib/systemd/system/nvidia-persistenced.service").content_string
+    assert "--no-persistence-mode" in shipped
+    dropin = "/etc/systemd/system/nvidia-persistenced.service.d/gpufleet-persistence-mode.conf"
+    assert host.file(dropin).exists
+    effective = host.check_output("systemctl show -p ExecStart nvidia-persistenced")
+    assert "argv[]=/usr/bin/nvidia-persistenced --user nvidia-persistenced --verbose " in effective, effective
+    assert "--no-persistence-mode" not in effective
 
 
 def test_userspace_reports_driver_not_loaded(host):
