@@ -45,6 +45,7 @@ def start_extender(cluster: InMemoryCluster, clock: FakeClock) -> Iterator[Calla
 
 @pytest.fixture
 def world(cluster, start_extender):  # type: ignore[no-untyped-def]
+    """The fixture cluster loaded, the scheduled pod created, one extender synced."""
     doc = load_fixture("cluster.json")
     for n in doc["nodes"]:
         cluster.add_node(n)
@@ -56,6 +57,7 @@ def world(cluster, start_extender):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def server(world) -> Iterator[ExtenderServer]:  # type: ignore[no-untyped-def]
+    """`world`'s extender served over HTTP on a free loopback port, under the prefix /gpufleet."""
     settings = Settings(listen_address="127.0.0.1", port=0, url_prefix="/gpufleet")
     srv = serve(world, settings)
     yield srv

@@ -11,18 +11,6 @@ from extender_builders import load_fixture, settle
 from gpufleet.extender.api import BadRequest
 
 
-@pytest.fixture
-def world(cluster, start_extender):  # type: ignore[no-untyped-def]
-    """The fixture cluster loaded, the scheduled pod created, one extender synced."""
-    doc = load_fixture("cluster.json")
-    for n in doc["nodes"]:
-        cluster.add_node(n)
-    for p in doc["pods"]:
-        cluster.add_pod(p)
-    cluster.add_pod(load_fixture("filter_nodenames.json")["Pod"])
-    return start_extender()
-
-
 def test_filter_with_node_names_splits_fit_failed_and_unresolvable(world) -> None:  # type: ignore[no-untyped-def]
     result = world.api.filter(load_fixture("filter_nodenames.json"))
     assert set(result) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}

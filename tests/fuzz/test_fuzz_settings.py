@@ -263,16 +263,24 @@ def test_device_plugin_refuses_non_finite_fractional_and_malformed_values(
     assert isinstance(result, DP_CONFIG) and message in str(result)
 
 
-def test_device_plugin_config_with_an_integer_past_pythons_digit_limit_is_a_config_error(
-    scratch: Path,
+# Both loaders read files through gpufleet.yamlfile; each must turn its failures into its own error.
+LOADERS = [(dp_load, DP_CONFIG, "version: v1\nhttp:\n  port: "), (ext_load, EXT_CONFIG, "port: ")]
+
+
+@pytest.mark.parametrize(("load", "error", "head"), LOADERS, ids=["device-plugin", "extender"])
+def test_an_integer_past_pythons_digit_limit_is_the_loaders_error(
+    scratch: Path, load: Any, error: type[Exception], head: str
 ) -> None:
-    result = dp_load(scratch / "digits.yaml", "version: v1\nhttp:\n  port: " + "9" * 5000 + "\n")
-    assert isinstance(result, DP_CONFIG) and "not valid YAML" in str(result)
+    result = load(scratch / "digits.yaml", head + "9" * 5000 + "\n")
+    assert isinstance(result, error) and "not valid YAML" in str(result)
 
 
-def test_device_plugin_config_that_is_not_utf8_is_a_config_error(scratch: Path) -> None:
-    result = dp_load(scratch / "latin1.yaml", b"version: v1\nnode_name: caf\xe9\n")
-    assert isinstance(result, DP_CONFIG) and "not valid YAML" in str(result)
+@pytest.mark.parametrize(("load", "error", "head"), LOADERS, ids=["device-plugin", "extender"])
+def test_a_file_that_is_not_utf8_is_the_loaders_error(
+    scratch: Path, load: Any, error: type[Exception], head: str
+) -> None:
+    result = load(scratch / "latin1.yaml", head.encode() + b"caf\xe9\n")
+    assert isinstance(result, error) and "not valid YAML" in str(result)
 
 
 def test_device_plugin_alias_bomb_error_message_stays_short(scratch: Path) -> None:
@@ -319,18 +327,6 @@ def test_extender_refuses_non_finite_fractional_and_non_scalar_values(
 ) -> None:
     result = ext_load(scratch / "regression.yaml", text)
     assert isinstance(result, EXT_CONFIG) and message in str(result)
-
-
-def test_extender_settings_with_an_integer_past_pythons_digit_limit_are_a_settings_error(
-    scratch: Path,
-) -> None:
-    result = ext_load(scratch / "digits.yaml", "port: " + "9" * 5000 + "\n")
-    assert isinstance(result, EXT_CONFIG) and "not valid YAML" in str(result)
-
-
-def test_extender_settings_that_are_not_utf8_are_a_settings_error(scratch: Path) -> None:
-    result = ext_load(scratch / "latin1.yaml", b"listen_address: caf\xe9\n")
-    assert isinstance(result, EXT_CONFIG) and "not valid YAML" in str(result)
 
 
 def test_extender_numbers_still_read_from_text_and_yaml(scratch: Path) -> None:
