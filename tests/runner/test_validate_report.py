@@ -5,6 +5,7 @@ real site.yml on inventory/sim (what `make lab` runs)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -164,3 +165,17 @@ def test_summary_and_play_lines_fit_the_width(width: int) -> None:
         line = progress.play_line(state, width, live=live)
         assert len(line) <= width and line.startswith("PLAY 1 pp")
     assert progress.play_line(state, 80).endswith("1 host x 7 tasks 3/7 ok 3 chg 0 fail 0 unr 0")
+
+
+def test_report_finds_the_newest_of_the_checkouts_and_the_labs_report(tmp_path: Path) -> None:
+    from gpufleet.runner.cli import DEFAULT_REPORT_DIR, LAB_REPORT_DIR, last_report_dir
+
+    assert last_report_dir(tmp_path) is None
+    lab = _report(tmp_path / LAB_REPORT_DIR, {("a", "driver"): "passed"})
+    assert last_report_dir(tmp_path) == lab  # after `make lab`, which writes the lab's
+    own = _report(tmp_path / DEFAULT_REPORT_DIR, {("a", "driver"): "failed"})
+    os.utime(own / "report.json", ns=(1, 1))
+    assert last_report_dir(tmp_path) == lab
+    os.utime(lab / "report.json", ns=(1, 1))
+    os.utime(own / "report.json")
+    assert last_report_dir(tmp_path) == own

@@ -34,6 +34,9 @@ from gpufleet.validation.report import SUITES, Check, Report
 
 REPORT_VAR = "gpufleet_validation_report_dir"
 DEFAULT_REPORT_DIR = Path(".lab/validation-report")  # under the checkout, as playbooks/validate.yml has it
+# Where `make lab` writes it: the lab's inventory (inventory/lab/group_vars/all.yml) puts the report in the
+# lab's state directory.
+LAB_REPORT_DIR = Path(".lab/fleet/validation-report")
 
 PROVISION_HELP = """\
 Run site.yml (or --playbook) with ansible-runner: a live line per play, then
@@ -289,9 +292,28 @@ def _validate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- report
 
 
+def report_dirs(project: Path) -> tuple[Path, ...]:
+    """Where reports are looked for without --report-dir: the checkout's, then the lab's."""
+    return project / DEFAULT_REPORT_DIR, project / LAB_REPORT_DIR
+
+
+def last_report_dir(project: Path) -> Path | None:
+    """Of :func:`report_dirs`, the one holding the newest report.json; None when none holds one."""
+    reports = [d / "report.json" for d in report_dirs(project)]
+    dated = [(r.stat().st_mtime_ns, r.parent) for r in reports if r.is_file()]
+    return max(dated)[1] if dated else None
+
+
 def _report(args: argparse.Namespace) -> int:
-    directory = (args.report_dir.expanduser().resolve() if args.report_dir
-                 else project_dir() / DEFAULT_REPORT_DIR)
+    if args.report_dir:
+        directory = args.report_dir.expanduser().resolve()
+    else:
+        newest = last_report_dir(project_dir())
+        if newest is None:
+            where = " or ".join(str(d) for d in report_dirs(project_dir()))
+            return _error("report", f"no validation report in {where} (run gpufleet validate or make lab)",
+                          EXIT_USAGE, args.json)
+        directory = newest
     try:
         doc, report = load_report(directory)
     except FileNotFoundError:
