@@ -49,7 +49,7 @@ HOSTS: dict[str, dict[str, Any]] = {
     "debian-13": {"fake": _facts("debian-13")},
     "ubuntu-22.04": {"fake": _facts("ubuntu-22.04")},
     "ubuntu-24.04": {"fake": _facts("ubuntu-24.04")},
-    "arm": {"fake": _facts("ubuntu-22.04", architecture="aarch64")},
+    "power": {"fake": _facts("ubuntu-22.04", architecture="ppc64le")},
     "focal": {"fake": _facts("ubuntu-22.04", distribution_version="20.04", distribution_major_version="20")},
     "v100-open": {"fake": _facts("ubuntu-24.04", gpufleet_gpu={"gpus": [H100, V100]})},
     "v100-proprietary": {
@@ -109,8 +109,8 @@ def test_play_settles_what_the_contracts_check(results: dict[str, dict[str, Any]
 
 
 def test_unsupported_architecture_names_the_supported_ones(results: dict[str, dict[str, Any]]) -> None:
-    assert results["arm"].get("failed")
-    assert "does not install on aarch64; supported architectures: x86_64" in results["arm"]["msg"]
+    assert results["power"].get("failed")
+    assert "does not install on ppc64le; supported architectures: x86_64, aarch64" in results["power"]["msg"]
 
 
 def test_unsupported_release_names_the_supported_ones(results: dict[str, dict[str, Any]]) -> None:

@@ -263,3 +263,41 @@ def index_sha256(archive: Archive, suite: str, component: str, arch: str = "amd6
         if path in digests:
             return digests[path]
     raise ArchiveError(f"{archive.name} {suite}: InRelease lists no {component}/binary-{arch}/Packages index")
+
+
+# --- source indexes -------------------------------------------------------------------------------------
+# Which architectures a source package builds each binary for is in its `Package-List`: read from the
+# primary archive, it tells what a ports archive (Ubuntu's arm64: ports.ubuntu.com) serves when only the
+# primary answers.
+
+
+def sources(archive: Archive, suite: str, component: str) -> list[dict[str, str]]:
+    """Every source package stanza of one suite/component, from its `Sources` index checked against the
+    suite's gpgv-verified InRelease (cached by that SHA256, as `packages` caches)."""
+    digests = _release_sha256(_verified_release(archive, suite))
+    for ext, decompress in ((".xz", lzma.decompress), (".gz", gzip.decompress)):
+        path = f"{component}/source/Sources{ext}"
+        if path not in digests:
+            continue
+        cached = _cache_dir() / f"{archive.name}-{digests[path]}.src"
+        if cached.exists():
+            text = cached.read_text()
+        else:
+            raw = _fetch(archive.url(f"dists/{suite}/{path}"))
+            if hashlib.sha256(raw).hexdigest() != digests[path]:
+                raise ArchiveError(f"{archive.name} {suite}/{path}: SHA256 differs from InRelease's")
+            text = decompress(raw).decode(errors="replace")
+            cached.write_text(text)
+        return list(_parse_index(text))
+    raise ArchiveError(f"{archive.name} {suite}: InRelease lists no {component}/source/Sources index")
+
+
+def build_architectures(source: dict[str, str]) -> dict[str, list[str]]:
+    """binary package → the architectures its source stanza builds it for (`Package-List`'s arch=)."""
+    built: dict[str, list[str]] = {}
+    for line in source.get("Package-List", "").splitlines():
+        words = line.split()
+        if words:
+            arches = [w.split("=", 1)[1] for w in words if w.startswith("arch=")]
+            built[words[0]] = arches[0].split(",") if arches else []
+    return built
