@@ -1,5 +1,5 @@
-"""End state of nvidia_driver on Ubuntu 22.04: Ubuntu's restricted driver userspace at exactly the version,
-held, pinned by its source package; nvidia-smi wired to it (exit 9 without a kernel module).
+"""End state of nvidia_driver on Ubuntu 22.04 and 24.04: Ubuntu's restricted driver userspace at exactly the
+version, held, pinned by its source package; nvidia-smi wired to it (exit 9 without a kernel module).
 
 The package set comes from the scenario's molecule.yml (group_vars all); branch and version are the role's
 Ubuntu defaults (roles/nvidia_driver/vars/Ubuntu.yml), which the scenario leaves unset.
@@ -20,12 +20,20 @@ PINNED = tuple(VARS["nvidia_driver_packages"])
 # The role's guess of Ubuntu's source package name (vars/Ubuntu.yml: nvidia_driver_apt_pin_sources).
 SOURCE = f"nvidia-graphics-drivers-{BRANCH}-server"
 PIN_FILE = "/etc/apt/preferences.d/gpufleet-nvidia-driver.pref"
+# Each test host's release, by the suite in its image name (localhost/gpufleet-testhost:<suite>).
+RELEASES = {"jammy": "22.04", "noble": "24.04"}
+SUITES = {p["name"]: p["image"].rsplit(":", 1)[1] for p in MOLECULE["platforms"]}
 
 
-def test_host_runs_ubuntu_jammy(host):
+def test_scenario_covers_both_lts_releases():
+    assert sorted(SUITES.values()) == sorted(RELEASES)
+
+
+def test_host_runs_its_ubuntu_release(host):
+    suite = SUITES[host.backend.get_hostname()]
     assert host.system_info.distribution == "ubuntu"
-    assert host.system_info.codename == "jammy"
-    assert host.system_info.release == "22.04"
+    assert host.system_info.codename == suite
+    assert host.system_info.release == RELEASES[suite]
 
 
 def test_packages_at_exact_version_and_held(host):
@@ -33,8 +41,9 @@ def test_packages_at_exact_version_and_held(host):
     for pkg in PINNED:
         assert host.package(pkg).is_installed, pkg
         installed[pkg] = host.package(pkg).version
-        # Ubuntu's revision: 580.178.04-0ubuntu0.22.04.1
-        assert installed[pkg].startswith(f"{VERSION}-0ubuntu"), (pkg, installed[pkg])
+        # Ubuntu's revision names the release: 580.178.04-0ubuntu0.22.04.1, 580.178.04-0ubuntu0.24.04.1
+        release = host.system_info.release
+        assert installed[pkg].startswith(f"{VERSION}-0ubuntu0.{release}."), (pkg, installed[pkg])
     # One build of the driver (same Ubuntu revision), not a mix of revisions.
     assert len(set(installed.values())) == 1, installed
     held = host.check_output("apt-mark showhold").split()

@@ -36,8 +36,11 @@ DEFAULT_INCLUDE = ("systemd", "systemd-sysv", "python3", "dbus", "ca-certificate
 DEBIAN_SUITES = ("bookworm", "trixie")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Ubuntu releases a test host can run, and Ubuntu's archive (GPUFLEET_UBUNTU_MIRROR overrides it).
-UBUNTU_SUITES = ("jammy",)
+UBUNTU_SUITES = ("jammy", "noble")
 UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
+# debootstrap's script for every Ubuntu release since 7.10; Debian 12's debootstrap names no release after
+# kinetic (no noble link), so Ubuntu suites are always bootstrapped with it.
+UBUNTU_DEBOOTSTRAP_SCRIPT = Path("/usr/share/debootstrap/scripts/gutsy")
 # A stock Ubuntu server's apt sources: all four components of the release, -updates and -security pockets.
 # The NVIDIA driver packages are in restricted, their current builds only in -updates/-security.
 UBUNTU_COMPONENTS = ("main", "restricted", "universe", "multiverse")
@@ -216,6 +219,7 @@ def _debootstrap(spec: ImageSpec, rootfs: Path) -> None:
     # Ubuntu: debootstrap checks the archive with Ubuntu's keys and fetches main only (all the included
     # packages are there); _finish_rootfs then writes the stock sources.list.
     ubuntu = [f"--keyring={ubuntu_keyring(spec)}", "--components=main"] if spec.ubuntu else []
+    script = [str(UBUNTU_DEBOOTSTRAP_SCRIPT)] if spec.ubuntu else []
     subprocess.run(
         [
             "debootstrap",
@@ -225,6 +229,7 @@ def _debootstrap(spec: ImageSpec, rootfs: Path) -> None:
             spec.suite,
             str(rootfs),
             spec.mirror,
+            *script,
         ],
         check=True,
         stdout=subprocess.DEVNULL,
