@@ -39,7 +39,7 @@ from pathlib import Path
 import grpc
 
 from gpufleet.deviceplugin.api import KUBELET_SOCKET, pb, pb_grpc
-from gpufleet.sim import control, machine
+from gpufleet_harness.sim import control, machine
 
 ENDPOINT = "gpufleet-nvidia.com-gpu.sock"
 SLOW_S = 0.002  # the p99 target: calls above it are the tail the CPU-wait column explains

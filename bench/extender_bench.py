@@ -27,12 +27,12 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.extender.memory import InMemoryCluster
 from gpufleet.extender.request import Policy, parse_pod
 from gpufleet.extender.server import make_server
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
 from gpufleet.extender.state import ClusterState
+from gpufleet_harness.memapi import InMemoryCluster
 
 GPUS_PER_NODE = 8
 GPU_GIB = 80

@@ -5,9 +5,10 @@
     PYTHONPATH=/path/to/older/src .venv/bin/python bench/hostile_bench.py   # an older extender
 
 Needs the lab's Kubernetes build (`gpufleet lab build`). The bench starts etcd and kube-apiserver on
-loopback (gpufleet.lab), creates `--nodes` kubelet-less nodes that share GPU memory (8 x A100-80GB each,
-published in `gpufleet.io/gpus`), and runs the extender against it with its real watch. A client on a
-keep-alive connection sends `filter` in NodeNames mode for a pod asking 10 GiB, one call after another:
+loopback (gpufleet_harness.cluster), creates `--nodes` kubelet-less nodes that share GPU memory (8 x
+A100-80GB each, published in `gpufleet.io/gpus`), and runs the extender against it with its real watch. A
+client on a keep-alive connection sends `filter` in NodeNames mode for a pod asking 10 GiB, one call after
+another:
 - "before": the hostile pod does not exist;
 - "while": calls run while the hostile pod is created and the watch delivers it (the review measured
   filters stalled 18.9 s here: the old parser raised ten to the twenty-millionth power under the GIL);
@@ -32,8 +33,8 @@ from gpufleet.extender.kube import KubeCluster
 from gpufleet.extender.server import make_server
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
-from gpufleet.lab.cluster import Lab
-from gpufleet.lab.k8s_build import cached
+from gpufleet_harness.cluster.cluster import Lab
+from gpufleet_harness.cluster.k8s_build import cached
 
 HOSTILE = "1e20000000"
 GPUS_PER_NODE = 8

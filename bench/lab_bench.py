@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.fleetlab import lab as fleetlab
-from gpufleet.fleetlab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
+from gpufleet_harness.lab import lab as fleetlab
+from gpufleet_harness.lab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
 
 REPO = Path(__file__).resolve().parents[1]
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"

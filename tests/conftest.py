@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpufleet.sim import build as simbuild
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import build as simbuild
+from gpufleet_harness.sim import machine as simmachine
 
 if TYPE_CHECKING:
     from labstack import LabStack
@@ -222,7 +222,7 @@ def stack(sim_lib: Path) -> Iterator[LabStack]:
     """
     from labstack import LabStack
 
-    from gpufleet.lab.k8s_build import BuildError, ensure_k8s
+    from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s
 
     if os.geteuid() != 0:
         pytest.fail("cluster tests need root (namespaces, mounts, veth, cgroups)")

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from gpufleet import __version__
 
 # Each module exposes register(subparsers) -> None and sets `func` on its parsers.
-_COMMAND_MODULES = ("gpufleet.sim.cli", "gpufleet.gpu.cli", "gpufleet.lab.cli", "gpufleet.fleetlab.cli",
-                    "gpufleet.extender.cli", "gpufleet.testhosts.cli", "gpufleet.validation.cli",
-                    "gpufleet.runner.cli", "gpufleet.wheelhouse")
+_COMMAND_MODULES = ("gpufleet_harness.sim.cli", "gpufleet.gpu.cli", "gpufleet_harness.cluster.cli",
+                    "gpufleet_harness.lab.cli", "gpufleet.extender.cli", "gpufleet_harness.testhosts.cli",
+                    "gpufleet.validation.cli", "gpufleet.runner.cli", "gpufleet.wheelhouse")
 
 
 def build_parser() -> argparse.ArgumentParser:

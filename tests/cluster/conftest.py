@@ -1,4 +1,4 @@
-"""Fixtures for tests against a real Kubernetes 1.20 control plane and kubelet (``gpufleet.lab``).
+"""Fixtures for tests against a real Kubernetes 1.20 control plane and kubelet (``gpufleet_harness.cluster``).
 
 The lab is the session's shared one (fixture ``stack`` in tests/conftest.py, also used by tests/k8s_modules
 and tests/validation): ``control_plane`` (~5 s) starts on first use, ``kubelet_node`` (~20 s) adds this
@@ -20,9 +20,9 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from labstack import LabStack
 
-from gpufleet.lab.cluster import DEFAULT_SCHEDULER, ControlPlane, Lab, Scheduler
-from gpufleet.lab.node import KubeletNode
-from gpufleet.lab.process import wait_for
+from gpufleet_harness.cluster.cluster import DEFAULT_SCHEDULER, ControlPlane, Lab, Scheduler
+from gpufleet_harness.cluster.node import KubeletNode
+from gpufleet_harness.cluster.process import wait_for
 
 
 @pytest.fixture(scope="session")

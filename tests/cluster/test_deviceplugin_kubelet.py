@@ -3,7 +3,7 @@
 The plugin runs as ``python -m gpufleet.deviceplugin`` inside the lab node's mount and PID namespaces
 (``KubeletNode.spawn``), with its defaults: it finds ``kubelet.sock`` in ``/var/lib/kubelet/device-plugins``
 exactly as on a real node. NVML is the GPU simulator of a fresh sim root per plugin, so failures can be
-injected with ``gpufleet.sim.control`` while the kubelet watches.
+injected with ``gpufleet_harness.sim.control`` while the kubelet watches.
 
 What these tests read: the Node's capacity/allocatable (what the kubelet reports), the pod's own view
 (environment and ``/dev`` inside the container, printed by busybox) and the plugin's JSON log (its
@@ -30,11 +30,11 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from gpufleet.lab.cluster import ControlPlane
-from gpufleet.lab.node import BUSYBOX_IMAGE, DEVICE_PLUGIN_DIR, KubeletNode
-from gpufleet.lab.process import Daemon, LabError, wait_for
-from gpufleet.sim import control as simcontrol
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.cluster.cluster import ControlPlane
+from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, DEVICE_PLUGIN_DIR, KubeletNode
+from gpufleet_harness.cluster.process import Daemon, LabError, wait_for
+from gpufleet_harness.sim import control as simcontrol
+from gpufleet_harness.sim import machine as simmachine
 
 pytestmark = pytest.mark.cluster
 

@@ -61,9 +61,9 @@ from gpufleet.deviceplugin.plugin.allocate import VISIBLE_DEVICES_ENV, AllocateO
 from gpufleet.deviceplugin.rm.errors import RequestError as PluginRefusal
 from gpufleet.deviceplugin.rm.model import GpuInfo
 from gpufleet.extender.schedconfig import SchedulerConfigOptions, scheduler_config
-from gpufleet.lab.cluster import ControlPlane, Lab, Scheduler
-from gpufleet.lab.node import PAUSE_IMAGE
-from gpufleet.lab.process import Daemon, LabError, free_ports, wait_for
+from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler
+from gpufleet_harness.cluster.node import PAUSE_IMAGE
+from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
 
 pytestmark = pytest.mark.cluster
 

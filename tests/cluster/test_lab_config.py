@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.lab import node, oci_runtime
-from gpufleet.lab.cluster import scheduler_config
-from gpufleet.lab.k8s_build import upstream_version
-from gpufleet.lab.process import LabError
+from gpufleet_harness.cluster import node, oci_runtime
+from gpufleet_harness.cluster.cluster import scheduler_config
+from gpufleet_harness.cluster.k8s_build import upstream_version
+from gpufleet_harness.cluster.process import LabError
 
 EXTENDER = {"urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter"}
 

@@ -16,9 +16,9 @@ from kubernetes.stream import stream
 from lab_deviceplugin import FakeDevicePlugin, load_api
 from lab_extender import PassThroughExtender
 
-from gpufleet.lab.cluster import ControlPlane, Scheduler, wait_for_pod_phase
-from gpufleet.lab.node import BUSYBOX_IMAGE, PAUSE_IMAGE, KubeletNode
-from gpufleet.lab.process import wait_for
+from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, wait_for_pod_phase
+from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE, KubeletNode
+from gpufleet_harness.cluster.process import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -27,7 +27,7 @@ from jinja2.nativetypes import NativeEnvironment
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
-from gpufleet.testhosts import archive as real  # noqa: E402  (the path above makes src importable)
+from gpufleet_harness.testhosts import archive as real  # noqa: E402  (the path above makes src importable)
 
 CONTRACTS = Path(__file__).resolve().parent
 FACTS_DIR = CONTRACTS / "facts"

@@ -26,7 +26,7 @@ def kubelet(socket_dir: str) -> Iterator[FakeKubelet]:
 @pytest.fixture(scope="session")
 def sim_library() -> str:
     """The simulated libnvidia-ml.so.1 (built once, cached); skips when it cannot be built here."""
-    from gpufleet.sim import build
+    from gpufleet_harness.sim import build
 
     try:
         return str(build.build_library())

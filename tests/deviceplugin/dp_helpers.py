@@ -270,14 +270,14 @@ class Watcher:
 
 def materialize_sim(fixture: str, root: str) -> dict[str, str]:
     """A fresh sim root for `fixture`; returns the environment that points NVML at it."""
-    from gpufleet.sim import machine
+    from gpufleet_harness.sim import machine
 
     machine.materialize(fixture, root)
     return machine.sim_env(root)
 
 
 def inject(root: str, *words: str) -> None:
-    from gpufleet.sim import control
+    from gpufleet_harness.sim import control
 
     control.inject(root, list(words))
 

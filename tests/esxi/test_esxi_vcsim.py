@@ -1,7 +1,7 @@
 """esxi_gpu_passthrough and playbooks/esxi.yml against VMware's vCenter simulator (govmomi's vcsim).
 
 The module runs unpatched: pyVmomi over HTTP to a vcsim whose ESXi hosts carry NVIDIA GPUs
-(src/gpufleet/vcsim; what we added to govmomi's simulator is listed at the top of vcsim_gpu.go). One
+(src/gpufleet_harness/vcsim; what we added to govmomi's simulator is listed at the top of vcsim_gpu.go). One
 simulator serves the whole module; each test works on its own VMs and GPUs, so the order does not matter.
 What vcsim cannot model stays with the stand-in (test_esxi_reconcile.py); docs/esxi.md lists both.
 """
@@ -26,9 +26,9 @@ from labstack import ANSIBLE_PLAYBOOK, REPO, ensure_collection_link
 from pyVim.connect import Disconnect, SmartConnect
 from pyVmomi import vim
 
-from gpufleet.sim import build as simbuild
-from gpufleet.sim import machine as simmachine
-from gpufleet.vcsim import (
+from gpufleet_harness.sim import build as simbuild
+from gpufleet_harness.sim import machine as simmachine
+from gpufleet_harness.vcsim import (
     A100_PCIE_40GB,
     A100_SXM4_80GB,
     DATACENTER,

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from extender_builders import FakeClock, load_fixture, serve
 
-from gpufleet.extender.memory import InMemoryCluster
 from gpufleet.extender.server import ExtenderServer
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
+from gpufleet_harness.memapi import InMemoryCluster
 
 
 @pytest.fixture

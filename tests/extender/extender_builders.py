@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufleet.extender.memory import InMemoryCluster
 from gpufleet.extender.server import ExtenderServer, make_server
 from gpufleet.extender.settings import Settings
+from gpufleet_harness.memapi import InMemoryCluster
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

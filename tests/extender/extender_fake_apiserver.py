@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from gpufleet.extender.cluster import ApiError
-from gpufleet.extender.memory import InMemoryCluster
+from gpufleet_harness.memapi import InMemoryCluster
 
 
 class _Recorder:

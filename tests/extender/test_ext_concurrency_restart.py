@@ -9,7 +9,7 @@ from collections import Counter
 
 from extender_builders import machine, node, pod, settle
 
-from gpufleet.extender.memory import InMemoryCluster
+from gpufleet_harness.memapi import InMemoryCluster
 
 ASSIGNMENT = "gpufleet.io/assignment"
 

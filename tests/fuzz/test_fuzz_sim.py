@@ -1,5 +1,5 @@
-"""Hostile machine descriptions for the simulator: fixture YAML files (gpufleet.sim.machine.expand) and a sim
-root's machine.json (load_machine) give a machine or a FixtureError, at bounded cost."""
+"""Hostile machine descriptions for the simulator: fixture YAML files (gpufleet_harness.sim.machine.expand)
+and a sim root's machine.json (load_machine) give a machine or a FixtureError, at bounded cost."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import HOSTILE_TEXT, JSON_VALUES, LAUGHS
 
-from gpufleet.sim import machine
+from gpufleet_harness.sim import machine
 
 FIXTURES = {name: machine.load_fixture(name)[1] for name in machine.fixture_names()}
 

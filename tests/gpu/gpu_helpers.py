@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import machine as simmachine
 
 FIXTURES = simmachine.fixture_names()
 # The fixtures whose NVIDIA driver is loaded, so NVML answers (esxi-vm-small-mmio's failed to load).
@@ -73,4 +73,4 @@ def facts_in_sim(root: Path) -> dict[str, Any]:
 
 def smi(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """gpufleet-sim-smi with `args` against `root`."""
-    return run_in_sim(root, ["-m", "gpufleet.sim.smi", *args])
+    return run_in_sim(root, ["-m", "gpufleet_harness.sim.smi", *args])

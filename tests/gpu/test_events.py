@@ -14,12 +14,12 @@ from typing import Any
 
 from gpu_helpers import run_in_sim
 
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import machine as simmachine
 
 PRELUDE = """
 import json, os, time
 from gpufleet.gpu import HealthMonitor, discover, nvml_session
-from gpufleet.sim import control
+from gpufleet_harness.sim import control
 root = os.environ["GPUFLEET_SIM_ROOT"]
 out = {}
 def first(monitor, timeout=5.0):

@@ -14,8 +14,8 @@ import pytest
 from gpu_helpers import FIXTURES, HEALTHY, facts_in_sim
 
 from gpufleet.gpu import SOURCE_NVML, SOURCE_SYSFS, discover, normalize_bus_id
-from gpufleet.sim import control as simcontrol
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import control as simcontrol
+from gpufleet_harness.sim import machine as simmachine
 
 MIB = 1 << 20
 # nvmlGpuTopologyLevel_t → what nvidia-smi topo -m prints, written out independently of the code.

@@ -12,9 +12,9 @@ import pytest
 from gpu_helpers import facts_in_sim, smi
 
 from gpufleet.gpu import NvmlDriverNotLoaded, NvmlGpuLost, NvmlLibraryNotFound, NvmlUnavailable
-from gpufleet.sim import control as simcontrol
-from gpufleet.sim import machine as simmachine
-from gpufleet.sim.smi import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, failure
+from gpufleet_harness.sim import control as simcontrol
+from gpufleet_harness.sim import machine as simmachine
+from gpufleet_harness.sim.smi import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, failure
 
 RootFactory = Callable[[str], Path]
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.lab.process import file_lock
-from gpufleet.testhosts import aptrepo, molecule
-from gpufleet.testhosts.workspace import HOST_PACKAGES, missing_tools, state_dir
+from gpufleet_harness.cluster.process import file_lock
+from gpufleet_harness.testhosts import aptrepo, molecule
+from gpufleet_harness.testhosts.workspace import HOST_PACKAGES, missing_tools, state_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JOBS = 3

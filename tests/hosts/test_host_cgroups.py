@@ -1,4 +1,4 @@
-"""Privileged systemd test hosts keep to their own cgroups (gpufleet.testhosts.images.INIT_WRAPPER).
+"""Privileged systemd test hosts keep to their own cgroups (gpufleet_harness.testhosts.images.INIT_WRAPPER).
 
 On a cgroup v1 machine podman's systemd mode used to hand each host the whole name=systemd hierarchy: the
 hosts' systemd instances shared one /system.slice at the machine's root, and stopping one privileged host
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.lab.process import wait_for
-from gpufleet.testhosts import images
-from gpufleet.testhosts.podman import podman
-from gpufleet.testhosts.workspace import missing_tools
+from gpufleet_harness.cluster.process import wait_for
+from gpufleet_harness.testhosts import images
+from gpufleet_harness.testhosts.podman import podman
+from gpufleet_harness.testhosts.workspace import missing_tools
 
 pytestmark = [pytest.mark.root, pytest.mark.xdist_group("molecule")]
 

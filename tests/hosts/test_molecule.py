@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.testhosts import molecule
+from gpufleet_harness.testhosts import molecule
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.testhosts import aptrepo, images, molecule, nvidia_packages, podman
+from gpufleet_harness.testhosts import aptrepo, images, molecule, nvidia_packages, podman
 
 
 @pytest.fixture

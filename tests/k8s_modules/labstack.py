@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gpufleet.lab.cluster import ControlPlane, Lab, Scheduler
-from gpufleet.lab.images import LabImage, ensure_lab_image, load_into
-from gpufleet.lab.k8s_build import K8sArtifacts, ensure_k8s
-from gpufleet.lab.node import KubeletNode
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler
+from gpufleet_harness.cluster.images import LabImage, ensure_lab_image, load_into
+from gpufleet_harness.cluster.k8s_build import K8sArtifacts, ensure_k8s
+from gpufleet_harness.cluster.node import KubeletNode
+from gpufleet_harness.sim import machine as simmachine
 
 if TYPE_CHECKING:
     import pytest

@@ -9,7 +9,7 @@ from typing import Any
 from kubernetes import client as k8s
 from labstack import SIM_DIR, LabStack
 
-from gpufleet.lab.cluster import ControlPlane
+from gpufleet_harness.cluster.cluster import ControlPlane
 
 DEVICE_PLUGIN = "gpufleet.nvidia.gpu_device_plugin"
 EXTENDER = "gpufleet.nvidia.gpu_scheduler_extender"

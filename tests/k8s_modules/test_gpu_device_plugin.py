@@ -18,7 +18,7 @@ from modargs import COMMON_KINDS, admin_args, lab_plugin_args, object_actions
 from modargs import DEVICE_PLUGIN as MODULE
 from modargs import plain as _plain
 
-from gpufleet.sim import control as simcontrol
+from gpufleet_harness.sim import control as simcontrol
 
 pytestmark = pytest.mark.cluster
 

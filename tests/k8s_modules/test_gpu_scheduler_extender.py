@@ -19,8 +19,8 @@ from modargs import EXTENDER as MODULE
 from modargs import plain as _plain
 
 from gpufleet.extender.schedconfig import SchedulerConfigOptions, render
-from gpufleet.lab.process import free_ports
-from gpufleet.lab.staticpod import StaticPodRunner, write_kubeadm_manifest
+from gpufleet_harness.cluster.process import free_ports
+from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
 
 pytestmark = pytest.mark.cluster
 

@@ -16,8 +16,8 @@ import yaml
 from kubernetes import client as k8s
 from labstack import REPO, SIM_DIR, LabStack, ensure_collection_link, timed
 
-from gpufleet.lab.process import free_ports
-from gpufleet.lab.staticpod import StaticPodRunner, write_kubeadm_manifest
+from gpufleet_harness.cluster.process import free_ports
+from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
 
 pytestmark = pytest.mark.cluster
 

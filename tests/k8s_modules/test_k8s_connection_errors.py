@@ -12,7 +12,7 @@ import pytest
 from labstack import LabStack, run_tasks, wait_until
 from modargs import DEVICE_PLUGIN, EXTENDER, token_args
 
-from gpufleet.lab.process import free_ports
+from gpufleet_harness.cluster.process import free_ports
 
 pytestmark = pytest.mark.cluster
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from labstack import REPO, ensure_collection_link
 
-from gpufleet.lab.staticpod import write_kubeadm_manifest
+from gpufleet_harness.cluster.staticpod import write_kubeadm_manifest
 
 ensure_collection_link()
 sys.path.insert(0, str(REPO / ".cache" / "collections"))

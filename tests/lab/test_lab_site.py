@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gpufleet.fleetlab import lab as fleetlab
-from gpufleet.fleetlab.spec import LabSpec
-from gpufleet.testhosts.podman import podman
+from gpufleet_harness.lab import lab as fleetlab
+from gpufleet_harness.lab.spec import LabSpec
+from gpufleet_harness.testhosts.podman import podman
 
 # On the worker of the Kubernetes lab tests, after them (group_last), with their cluster stopped first
 # (labstack.release_stacks): beside the molecule scenarios, not beside a second idle cluster.
@@ -140,7 +140,7 @@ def test_fabricmanager_runs_only_on_the_nvswitch_host(lab: Lab) -> None:
 
 def test_docker_config_was_merged_not_overwritten(lab: Lab) -> None:
     lab.require()
-    from gpufleet.fleetlab.hostimage import INSTALLER_DAEMON_JSON
+    from gpufleet_harness.lab.hostimage import INSTALLER_DAEMON_JSON
 
     for host in lab.spec.hosts:
         text = podman("exec", lab.spec.container(host), "cat", "/etc/docker/daemon.json").stdout

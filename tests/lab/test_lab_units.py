@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.fleetlab import hostsetup
-from gpufleet.fleetlab import lab as fleetlab
-from gpufleet.fleetlab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
-from gpufleet.testhosts import nvidia_packages
+from gpufleet_harness.lab import hostsetup
+from gpufleet_harness.lab import lab as fleetlab
+from gpufleet_harness.lab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
+from gpufleet_harness.testhosts import nvidia_packages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,11 +84,11 @@ def test_staged_sim_root_has_real_files_and_a_device_script(sim_lib: Path, tmp_p
     assert "mknod -m 666 /dev/nvidia1 c 195 1" in script
     assert "mknod -m 666 /dev/nvidia2 " not in script
     assert str(tmp_path) not in (root / "bin/nvidia-smi").read_text()
-    assert (root / "python/pynvml.py").is_file() and (root / "python/gpufleet/sim/smi.py").is_file()
+    assert (root / "python/pynvml.py").is_file() and (root / "python/gpufleet_harness/sim/smi.py").is_file()
     # The stand-in works from the staged copy with only the standard library + the copied modules.
     env = {"PATH": "/usr/bin:/bin", "GPUFLEET_SIM_ROOT": str(root), "LD_LIBRARY_PATH": str(root / "lib"),
            "GPUFLEET_HOST_ROOT": str(root / "host"), "PYTHONPATH": str(root / "python")}  # fmt: skip
-    out = subprocess.run(["/usr/bin/python3", "-s", "-m", "gpufleet.sim.smi", "-L"], env=env,
+    out = subprocess.run(["/usr/bin/python3", "-s", "-m", "gpufleet_harness.sim.smi", "-L"], env=env,
                          capture_output=True, text=True, check=False, cwd=root / "python")  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("Tesla T4") == 2, out.stdout

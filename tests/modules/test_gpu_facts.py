@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gpufleet.gpu import normalize_bus_id
-from gpufleet.sim import build as simbuild
-from gpufleet.sim import control as simcontrol
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import build as simbuild
+from gpufleet_harness.sim import control as simcontrol
+from gpufleet_harness.sim import machine as simmachine
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from runnerkit import LOCAL, REPO, CliRun, play, write_inventory, write_playbook
 
-from gpufleet.sim import control as simcontrol
-from gpufleet.sim import machine as simmachine
 from gpufleet.validation.report import Check, Report, write_report
+from gpufleet_harness.sim import control as simcontrol
+from gpufleet_harness.sim import machine as simmachine
 
 Gpufleet = Callable[..., CliRun]
 SIM_FIXTURES = ("dgx-a100", "hgx-h100", "pcie-2x-t4", "esxi-vm-2x-v100", "node-40-gpus")

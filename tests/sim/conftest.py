@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import machine as simmachine
 
 # Prepended to every scenario: `n` is pynvml, `out(x)` prints the JSON result, `err(f, *a)` returns the
 # NVMLError class name a call raises (or "ok").

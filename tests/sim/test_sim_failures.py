@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.sim import control as simcontrol
+from gpufleet_harness.sim import control as simcontrol
 
 Runner = Callable[..., Any]
 
@@ -96,7 +96,7 @@ def test_bad_machine_json_is_driver_not_loaded(fresh_root: Roots, nvml: Runner) 
 def test_driver_unloaded(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("dgx-a100")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(0)
         control.inject({str(root)!r}, ["driver", "unloaded"])
@@ -131,7 +131,7 @@ def test_library_missing_is_library_not_found(fresh_root: Roots, nvml: Runner) -
 def test_gpu_lost_and_back(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("dgx-a100")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         h3, h2 = n.nvmlDeviceGetHandleByIndex(3), n.nvmlDeviceGetHandleByIndex(2)
         uuid = n.nvmlDeviceGetUUID(h3)
@@ -150,7 +150,7 @@ def test_gpu_lost_and_back(fresh_root: Roots, nvml: Runner) -> None:
 def test_fabricmanager_stopped_h100(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("hgx-h100")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(5)
         def fab():
@@ -192,7 +192,7 @@ def test_fabricmanager_stopped_a100_links_inactive(fresh_root: Roots, nvml: Runn
 
 
 def test_kernel_module_mismatch(tmp_path: Path, sim_lib: Path, nvml: Runner) -> None:
-    from gpufleet.sim import machine
+    from gpufleet_harness.sim import machine
 
     fx = tmp_path / "mismatch.yaml"
     text = (machine.FIXTURE_DIR / "pcie-2x-t4.yaml").read_text()
@@ -203,7 +203,7 @@ def test_kernel_module_mismatch(tmp_path: Path, sim_lib: Path, nvml: Runner) -> 
 
 
 def test_nouveau_host_without_nvidia_driver(tmp_path: Path, sim_lib: Path, nvml: Runner) -> None:
-    from gpufleet.sim import machine
+    from gpufleet_harness.sim import machine
 
     fx = tmp_path / "nouveau.yaml"
     text = (machine.FIXTURE_DIR / "pcie-2x-t4.yaml").read_text()
@@ -221,7 +221,7 @@ def test_nouveau_host_without_nvidia_driver(tmp_path: Path, sim_lib: Path, nvml:
 def test_xid_reaches_only_the_registered_gpu(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("dgx-a100")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         s3, s2 = n.nvmlEventSetCreate(), n.nvmlEventSetCreate()
         n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(3), n.nvmlEventTypeXidCriticalError, s3)
@@ -244,7 +244,7 @@ def test_events_before_set_creation_are_not_delivered(fresh_root: Roots, nvml: R
     root = fresh_root("pcie-2x-t4")
     simcontrol.inject(root, ["xid", "1", "13"])
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         s = n.nvmlEventSetCreate()
         n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(1), n.nvmlEventTypeXidCriticalError, s)
@@ -258,7 +258,7 @@ def test_events_before_set_creation_are_not_delivered(fresh_root: Roots, nvml: R
 def test_event_types_filter_and_ecc_counts(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("hgx-h100")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(6)
         xid_only, ecc_only = n.nvmlEventSetCreate(), n.nvmlEventSetCreate()
@@ -279,7 +279,7 @@ def test_concurrent_waiters_and_injector(fresh_root: Roots, nvml: Runner) -> Non
     """Two threads block on their own event sets while a third injects; other calls keep working."""
     root = fresh_root("dgx-a100")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         results = {{}}
         ready = threading.Barrier(3)
@@ -309,7 +309,7 @@ def test_concurrent_waiters_and_injector(fresh_root: Roots, nvml: Runner) -> Non
 def test_many_threads_query_while_control_changes(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("node-40-gpus")
     r = nvml(root, f"""
-        from gpufleet.sim import control
+        from gpufleet_harness.sim import control
         n.nvmlInit()
         errors, calls = [], [0]
         stop = threading.Event()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import machine as simmachine
 
 FIXTURES = ["dgx-a100", "hgx-h100", "pcie-2x-t4", "esxi-vm-2x-v100", "node-40-gpus"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.sim import build as simbuild
+from gpufleet_harness.sim import build as simbuild
 
 HEADER = Path("/usr/include/nvml.h")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet import cli
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import machine as simmachine
 
 FIXTURES = [
     "dgx-a100", "hgx-h100", "pcie-2x-t4", "esxi-vm-2x-v100", "esxi-vm-small-mmio", "node-40-gpus",
@@ -128,7 +128,7 @@ def test_lib_links_and_smi_wrapper(sim_root: Roots, sim_lib: Path) -> None:
     wrapper = root / "bin/nvidia-smi"
     assert os.access(wrapper, os.X_OK)
     text = wrapper.read_text()
-    assert '-m gpufleet.sim.smi "$@"' in text and str(root) in text
+    assert '-m gpufleet_harness.sim.smi "$@"' in text and str(root) in text
     assert subprocess.run(["sh", "-n", str(wrapper)]).returncode == 0
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.sim import build as simbuild
-from gpufleet.sim import control as simcontrol
-from gpufleet.sim import machine as simmachine
+from gpufleet_harness.sim import build as simbuild
+from gpufleet_harness.sim import control as simcontrol
+from gpufleet_harness.sim import machine as simmachine
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = "sim-dgx-a100:sim-pcie-2x-t4"

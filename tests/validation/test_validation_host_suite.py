@@ -9,7 +9,7 @@ from pathlib import Path
 
 from validation_run import sim_host, validate
 
-from gpufleet.sim import control as simcontrol
+from gpufleet_harness.sim import control as simcontrol
 
 DRIVER = "535.261.03"
 

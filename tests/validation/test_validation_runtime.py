@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from validation_run import validate
 
-from gpufleet.lab.images import IMPORT_CHANGES, LabImage, ensure_lab_image
-from gpufleet.lab.process import Daemon, wait_for
+from gpufleet_harness.cluster.images import IMPORT_CHANGES, LabImage, ensure_lab_image
+from gpufleet_harness.cluster.process import Daemon, wait_for
 
 pytestmark = pytest.mark.root
 

@@ -222,7 +222,8 @@ def discover(
 #
 # What the NVIDIA driver and the kernel log when a GPU does not come up, and what that means in a VMware
 # guest. The message texts are the drivers' and the kernel's own; each pattern names where it comes from.
-# Verified only against the simulator (gpufleet.sim fixture esxi-vm-small-mmio) and these public texts.
+# Verified only against the simulator (gpufleet_harness.sim fixture esxi-vm-small-mmio) and these public
+# texts.
 
 VMWARE = "vmware"
 MAX_KERNEL_LOG_ERRORS = 100  # kernel_log_errors keeps the last this many distinct lines

@@ -1,5 +1,0 @@
-import sys
-
-from gpufleet.fleetlab.cli import main
-
-sys.exit(main())

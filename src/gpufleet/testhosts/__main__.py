@@ -1,7 +1,0 @@
-"""python -m gpufleet.testhosts"""
-
-import sys
-
-from gpufleet.testhosts.cli import main
-
-sys.exit(main())

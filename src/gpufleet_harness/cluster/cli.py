@@ -1,0 +1,172 @@
+"""``gpufleet cluster build|up|down|status`` (also ``python -m gpufleet_harness.cluster``): the test
+cluster alone.
+
+This is the bare Kubernetes lab the tests use (control plane + kubelet nodes in namespaces); the simulated
+GPU fleet is ``gpufleet lab`` (:mod:`gpufleet_harness.lab`).
+
+``up`` runs in the foreground until interrupted (Ctrl-C or ``gpufleet lab down``), then removes everything
+it started. The lab directory holds ``env`` (``export KUBECONFIG=...``) and the logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from gpufleet_harness.cluster.cluster import LAB_PREFIX, OWNER_FILE, Lab, reap_stale_labs
+from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s, missing_build_requirements
+from gpufleet_harness.cluster.process import LabError
+
+
+def _base(args: argparse.Namespace) -> Path:
+    return Path(args.base or os.environ.get("GPUFLEET_LAB_DIR") or tempfile.gettempdir())
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (or find) the Kubernetes binaries and print the cache entry."""
+    if args.check:
+        missing = missing_build_requirements()
+        print("\n".join(missing) or "all build requirements present")
+        return 1 if missing else 0
+    try:
+        artifacts = ensure_k8s(args.version, args.cache, build=not args.no_build, niceness=args.nice,
+                               prune=args.prune)  # fmt: skip
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({"version": artifacts.version, "bin": str(artifacts.bin_dir),
+                      "git_version": artifacts.git_version}))  # fmt: skip
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start a lab and keep it running until SIGINT/SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        artifacts = ensure_k8s(args.version, args.cache, build=not args.no_build)
+        with Lab(artifacts, args.base, keep=args.keep) as lab:
+            started = time.monotonic()
+            cp = lab.start_control_plane()
+            if args.scheduler or args.extender_config:
+                lab.start_scheduler(args.extender_config)
+            nodes = [lab.start_kubelet_node(name) for name in args.node]
+            kubeconfig = cp.kubeconfig()
+            (lab.dir / "env").write_text(f"export KUBECONFIG={kubeconfig}\n")
+            summary = {
+                "lab": str(lab.dir),
+                "kubeconfig": str(kubeconfig),
+                "apiserver": cp.url,
+                "nodes": {
+                    n.name: {"ip": n.node_ip, "device_plugin_dir": str(n.device_plugin_dir)} for n in nodes
+                },
+                "seconds": round(time.monotonic() - started, 1),
+            }
+            print(json.dumps(summary, indent=2), flush=True)
+            while not stop.wait(1.0):
+                for daemon in cp.daemons:
+                    daemon.check()
+    except (BuildError, LabError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _labs(base: Path) -> list[tuple[Path, dict[str, object]]]:
+    found = []
+    for lab_dir in sorted(base.glob(f"{LAB_PREFIX}*")):
+        try:
+            found.append((lab_dir, json.loads((lab_dir / OWNER_FILE).read_text())))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """List labs under the base directory with their owner process and kubeconfig."""
+    for lab_dir, owner in _labs(_base(args)):
+        alive = Path(f"/proc/{owner.get('pid')}").exists()
+        env = lab_dir / "env"
+        print(f"{lab_dir}  owner={owner.get('pid')} {'running' if alive else 'gone'}  "
+              f"{env.read_text().strip() if env.exists() else ''}")  # fmt: skip
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Ask running labs' owners to stop (SIGTERM), wait, then remove whatever stale labs remain."""
+    base = _base(args)
+    targets = [(d, o) for d, o in _labs(base) if args.lab is None or d == Path(args.lab).resolve()]
+    for lab_dir, owner in targets:
+        pid = int(str(owner.get("pid")))
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"stopped {lab_dir}")
+    for removed in reap_stale_labs(base):
+        print(f"removed stale {removed}")
+    return 0
+
+
+def build_options(parser: argparse.ArgumentParser) -> None:
+    """Where the Kubernetes build comes from (shared with ``gpufleet lab``)."""
+    parser.add_argument("--version", help="Debian source version of kubernetes (default: newest in apt)")
+    parser.add_argument("--cache", help="cache root (default $GPUFLEET_CACHE or /var/cache/gpufleet)")
+    parser.add_argument("--no-build", action="store_true", help="fail instead of building when not cached")
+
+
+def add_build_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    build = sub.add_parser("build", help="build or find the Kubernetes binaries")
+    build_options(build)
+    build.add_argument("--prune", action="store_true", help="remove the source tree after building")
+    build.add_argument("--nice", type=int, default=10, help="niceness of the compiler")
+    build.add_argument("--check", action="store_true", help="only list missing build requirements")
+    build.set_defaults(func=cmd_build)
+    return build
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "cluster") -> None:
+    """Add ``cluster`` and its sub-commands to the ``gpufleet`` parser."""
+    lab = subparsers.add_parser(name, help="bare Kubernetes 1.20 test cluster (root)", description=__doc__)
+    lab.add_argument("--base", help="where lab directories go (default $GPUFLEET_LAB_DIR or /tmp)")
+    sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+
+    add_build_command(sub)
+
+    up = sub.add_parser("up", help="start a lab in the foreground")
+    build_options(up)
+    up.add_argument("--scheduler", action="store_true", help="start kube-scheduler")
+    up.add_argument("--extender-config", help="YAML with an extenders section (implies --scheduler)")
+    up.add_argument("--node", action="append", default=[], metavar="NAME", help="start a kubelet node")
+    up.add_argument("--keep", action="store_true", help="keep the lab directory after stopping")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop running labs and remove stale ones")
+    down.add_argument("lab", nargs="?", help="one lab directory (default: all)")
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", help="list labs")
+    status.set_defaults(func=cmd_status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpufleet_harness.cluster ...`` (same as ``gpufleet cluster ...``)."""
+    parser = argparse.ArgumentParser(prog="gpufleet")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["cluster", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return int(args.func(args))

@@ -1,0 +1,5 @@
+import sys
+
+from gpufleet_harness.lab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""``gpufleet lab build | up | status | down``: the simulated GPU fleet (root, podman).
+
+Exit codes: 0 done (``status``: the lab is up and every node Ready), 1 it failed or is not up, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from gpufleet_harness.cluster.cli import add_build_command
+
+from .spec import LabSpec
+
+
+def _spec(args: argparse.Namespace) -> LabSpec:
+    return LabSpec.from_env()
+
+
+def _say(quiet: bool) -> Any:
+    return (lambda _msg: None) if quiet else (lambda msg: print(f"lab: {msg}", file=sys.stderr, flush=True))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from gpufleet_harness.cluster.k8s_build import BuildError
+    from gpufleet_harness.cluster.process import LabError
+
+    from .hostsetup import HostError
+    from .lab import LabUpError, up
+
+    spec = _spec(args)
+    try:
+        state = up(spec, progress=_say(args.json))
+    except (LabUpError, HostError, BuildError, LabError, RuntimeError) as err:
+        print(f"error: lab up failed: {err}", file=sys.stderr)
+        print("  (what was made is still there for a look; `gpufleet lab down` removes it)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(state, indent=2))
+    else:
+        _print_status(spec)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from .lab import down
+
+    down(_spec(args), progress=_say(args.json))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .lab import status
+
+    doc = status(_spec(args))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_status(_spec(args), doc)
+    return 0 if doc["up"] else 1
+
+
+def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
+    from .lab import status
+
+    doc = doc or status(spec)
+    print(f"lab {doc['name']}: {'up' if doc['up'] else 'NOT up'}"
+          f"{'' if doc['supervisor'] else ' (control plane not running)'}")  # fmt: skip
+    print(f"{'host':<18} {'container':<28} {'state':<9} {'node':<9} {'GPUs':>4}")
+    for name, host in doc["hosts"].items():
+        node = "Ready" if host["node_ready"] else "-"
+        print(f"{name[:18]:<18} {host['container'][:28]:<28} {host['container_state'][:9]:<9} {node:<9} "
+              f"{host['allocatable_gpus']:>4}")  # fmt: skip
+    if doc.get("kubeconfig"):
+        print(f"KUBECONFIG={doc['kubeconfig']}")
+    print(f"inventory: {doc['inventory']}")
+
+
+def cmd_build_all(args: argparse.Namespace) -> int:
+    """The Kubernetes build, then (unless --check) the lab's images."""
+    from gpufleet_harness.cluster.cli import cmd_build
+
+    rc = cmd_build(args)
+    if rc or args.check or not args.images:
+        return rc
+    from gpufleet_harness.cluster.images import ensure_lab_image
+
+    from .hostimage import ensure_host_image
+
+    print(json.dumps({"host_image": ensure_host_image(), "gpufleet_image": ensure_lab_image().name}))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lab = subparsers.add_parser("lab", help="the simulated GPU fleet: podman hosts + Kubernetes (root)",
+                                description=__doc__)  # fmt: skip
+    sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+    build = add_build_command(sub)
+    build.add_argument("--images", action="store_true", help="also build the lab's host and gpufleet images")
+    build.set_defaults(func=cmd_build_all)
+    for name, func, text in (
+        ("up", cmd_up, "bring the lab up (idempotent) and write its inventory"),
+        ("status", cmd_status, "containers, nodes and GPUs of the lab"),
+        ("down", cmd_down, "remove every container, volume, process and file the lab made"),
+    ):
+        parser = sub.add_parser(name, help=text)
+        parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        parser.set_defaults(func=func)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["lab", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.WARNING)
+    return int(args.func(args))

@@ -1,0 +1,662 @@
+"""Fixtures → sim roots: expand a compact YAML machine description into what the simulator reads.
+
+A *sim root* holds `machine.json` (fully expanded, read by the C library), `control` and `events`
+(failure injection), `lib/` (the built `libnvidia-ml.so.1`), `bin/nvidia-smi` and `host/`, a view of
+the host filesystem (`/sys`, `/proc`, `/dev`, the kernel log as `/dev/kmsg`) that discovery reads instead
+of `/`.
+See docs/simulator.md for the contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import reprlib
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpufleet.yamlfile import YamlFileError, read_yaml
+
+FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
+SCHEMA = 1
+
+# nvmlDeviceArchitecture_t / nvmlBrandType_t values from nvml.h.
+ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+                 "hopper": 9}
+BRANDS = {"quadro": 1, "tesla": 2, "nvs": 3, "geforce": 5, "titan": 6, "nvidia_rtx": 13, "nvidia": 14}
+
+# nvmlGpuTopologyLevel_t.
+TOPO_INTERNAL, TOPO_SINGLE, TOPO_MULTIPLE, TOPO_HOSTBRIDGE, TOPO_NODE, TOPO_SYSTEM = 0, 10, 20, 30, 40, 50
+
+# nvmlEventType* bits: single/double-bit ECC, P-state, XID, clock; MIG config change on MIG GPUs.
+EVENT_SBE, EVENT_DBE, EVENT_PSTATE, EVENT_XID, EVENT_CLOCK, EVENT_MIG = 0x1, 0x2, 0x4, 0x8, 0x10, 0x100
+
+NVLINK_DEVICE_TYPE_SWITCH = 2
+NVIDIA_VENDOR = 0x10DE
+MIB = 1 << 20
+
+DEFAULT_DRIVER = "535.261.03"
+DEFAULT_CUDA = 12020  # CUDA 12.2, what a 535 driver reports
+DEFAULT_KERNEL = "6.1.0-31-amd64"  # Debian 12's kernel, which the 535 packages are built for
+
+# Char-device majors. 195 is the NVIDIA driver's fixed major; nvidia-uvm and nvidia-nvswitch get
+# dynamic majors on real hosts, these are typical values.
+NVIDIA_MAJOR, UVM_MAJOR, NVSWITCH_MAJOR = 195, 510, 509
+
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+DRIVER_BUILD_DATE = "Wed Jul 16 03:47:41 UTC 2025"
+
+
+# Limits on what a fixture may describe: beyond them it is garbage, and expanding it would cost without bound.
+MAX_FIXTURE_BYTES = 64 * 1024  # the bundled fixtures are under 3 KiB
+MAX_GPUS = 128  # three times the largest bundled fixture (40); the topology table grows with the square
+MAX_NUMA_NODES = 64  # one sysfs node directory each
+MAX_CPUS = 8192  # Linux's largest NR_CPUS default on x86_64
+MAX_NVSWITCHES = 64  # one device node and PCI device each
+MAX_LINKS_PER_SWITCH = 18  # a Hopper GPU has 18 NVLinks in all
+MAX_KERNEL_LOG_LINES = 10_000  # /dev/kmsg's ring holds far fewer of the driver's messages
+MAX_MACHINE_JSON_BYTES = 16 << 20  # machine.json of MAX_GPUS GPUs is a few hundred KiB
+_DMI_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # a file name under sys/class/dmi/id, never a path
+
+
+class FixtureError(ValueError):
+    """A fixture name that does not exist, or a fixture file that does not describe a machine."""
+
+
+def _int(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise FixtureError(f"{what} must be an integer from {lo} to {hi}, got {reprlib.repr(value)}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    # YAML reads 550.54 as a number: numbers are text here, collections are not (str() of an alias bomb
+    # would never end).
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise FixtureError(f"{what} must be text, got {reprlib.repr(value)}")
+    return str(value)
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FixtureError(f"{what} must be a mapping, got {reprlib.repr(value)}")
+    return value
+
+
+def _list(value: Any, what: str, most: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) > most:
+        raise FixtureError(f"{what} must be a list of at most {most} items, got {reprlib.repr(value)}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+def fixture_names() -> list[str]:
+    """Names of the bundled fixtures, sorted."""
+    return sorted(p.stem for p in FIXTURE_DIR.glob("*.yaml"))
+
+
+def fixture_path(fixture: str | os.PathLike[str]) -> Path:
+    """Resolve a bundled fixture name or a path to a YAML file."""
+    p = Path(fixture)
+    candidate = FIXTURE_DIR / f"{fixture}.yaml"
+    try:
+        if p.suffix in (".yaml", ".yml") and p.is_file():
+            return p
+        if candidate.is_file():
+            return candidate
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        pass
+    raise FixtureError(f"unknown fixture {reprlib.repr(str(fixture))}; known: {', '.join(fixture_names())}")
+
+
+def load_fixture(fixture: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """Read a fixture; returns (name, parsed YAML)."""
+    path = fixture_path(fixture)
+    try:
+        data = read_yaml(path, MAX_FIXTURE_BYTES)
+    except YamlFileError as exc:
+        raise FixtureError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or "gpu" not in data or "gpus" not in data:
+        raise FixtureError(f"{path}: a fixture needs 'gpu' (the model) and 'gpus' (the layout)")
+    return path.stem, data
+
+
+def fixture_description(fixture: str) -> str:
+    """The one-line `description:` of a fixture."""
+    return str(load_fixture(fixture)[1].get("description", ""))
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+
+def _digest(*parts: object) -> bytes:
+    # Derived from fixture name + position only, so every materialization of a fixture agrees.
+    return hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+
+
+def _uuid_text(raw: bytes) -> str:
+    h = raw[:16].hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def gpu_uuid(fixture: str, index: int) -> str:
+    """Deterministic `GPU-…` UUID of GPU `index` of a fixture."""
+    return "GPU-" + _uuid_text(_digest(fixture, "gpu", index))
+
+
+def gpu_serial(fixture: str, index: int) -> str:
+    """Deterministic 13-digit board serial of GPU `index` of a fixture."""
+    return "1" + str(int.from_bytes(_digest(fixture, "serial", index)[:8], "big") % 10**12).zfill(12)
+
+
+def bus_id(domain: int, bus: int, device: int = 0, function: int = 0) -> str:
+    """NVML's bus id form: 8-digit domain, upper-case hex (`00000000:07:00.0`)."""
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
+
+
+def sysfs_name(nvml_bus_id: str) -> str:
+    """sysfs's form of a bus id: 4-digit domain, lower case (`0000:07:00.0`)."""
+    dom, rest = nvml_bus_id.split(":", 1)
+    return f"{int(dom, 16):04x}:{rest.lower()}"
+
+
+def _layout(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flatten the fixture's GPU groups into one entry per GPU, in NVML index order."""
+    out: list[dict[str, Any]] = []
+    for n, g in enumerate(_list(groups, "gpus", MAX_GPUS)):
+        g = _mapping(g, f"gpus[{n}]")
+        if "buses" in g:
+            buses = _list(g["buses"], f"gpus[{n}].buses", MAX_GPUS)
+        else:
+            first = _int(g["first_bus"], f"gpus[{n}].first_bus", 0, 255)
+            step = _int(g.get("bus_step", 1), f"gpus[{n}].bus_step", 1, 255)
+            buses = [first + k * step for k in range(_int(g["count"], f"gpus[{n}].count", 0, MAX_GPUS))]
+        for b in buses:
+            out.append({"bus": _int(b, f"gpus[{n}] bus", 0, 255),
+                        "domain": _int(g.get("domain", 0), f"gpus[{n}].domain", 0, 0xFFFF),
+                        "numa": _int(g.get("numa", 0), f"gpus[{n}].numa", -1, MAX_NUMA_NODES - 1),
+                        "host_bridge": _switch(g.get("host_bridge"), f"gpus[{n}].host_bridge"),
+                        "pcie_switch": _switch(g.get("pcie_switch"), f"gpus[{n}].pcie_switch")})
+    if len(out) > MAX_GPUS:
+        raise FixtureError(f"{len(out)} GPUs; a fixture describes at most {MAX_GPUS}")
+    if len({(slot["domain"], slot["bus"]) for slot in out}) != len(out):
+        raise FixtureError("two GPUs share a PCI bus")
+    return out
+
+
+def _switch(value: Any, what: str) -> int | str | None:
+    """A host bridge or PCIe switch label: compared for equality only."""
+    return None if value is None else _text(value, what)
+
+
+def topology_level(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """nvmlGpuTopologyLevel_t between two GPUs of a layout (same GPU → INTERNAL)."""
+    if a is b:
+        return TOPO_INTERNAL
+    if a["pcie_switch"] is not None and a["pcie_switch"] == b["pcie_switch"]:
+        return TOPO_SINGLE
+    if a["host_bridge"] is not None and a["host_bridge"] == b["host_bridge"]:
+        return TOPO_HOSTBRIDGE
+    if a["numa"] >= 0 and a["numa"] == b["numa"]:
+        return TOPO_NODE
+    return TOPO_SYSTEM
+
+
+def _numa_cpus(cpus: int, nodes: int) -> list[list[int]]:
+    # Contiguous blocks per node: enough for affinity masks; real SMT siblings interleave, nobody here cares.
+    per = cpus // nodes
+    return [[n * per, (n + 1) * per - 1] for n in range(nodes)]
+
+
+def kernel_log(host: dict[str, Any], kmod: str) -> list[str]:
+    """The kernel messages of the simulated boot: the kernel's banner, the driver's when it loaded, and the
+    fixture's `host.kernel_log` lines (verbatim; a message may hold newlines, as one printk can)."""
+    release = str(host.get("kernel_release", DEFAULT_KERNEL))
+    lines = [f"Linux version {release} (simulated by gpufleet)"]
+    if bool(host.get("driver_loaded", True)):
+        # nv.c's "NVRM: loading %s" with the module's banner, as /proc/driver/nvidia/version shows it.
+        lines.append(f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}")
+    extra = _list(host.get("kernel_log") or [], "host.kernel_log", MAX_KERNEL_LOG_LINES)
+    lines += [_text(line, "host.kernel_log line").rstrip("\n") for line in extra]
+    return lines
+
+
+def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
+    """Expand a fixture into the full machine.json document (schema 1); FixtureError naming the first
+    problem when the fixture is not a machine (missing or mistyped fields, values beyond the limits)."""
+    name, fx = load_fixture(fixture)
+    try:
+        return _expand(name, fx)
+    except FixtureError as exc:
+        raise FixtureError(f"{name}: {exc}") from None
+    except KeyError as exc:
+        raise FixtureError(f"{name}: missing or unknown {reprlib.repr(exc.args[0])}") from None
+    except (TypeError, ValueError) as exc:  # a field of the wrong shape (a number where a pair belongs)
+        raise FixtureError(f"{name}: not a machine description: {reprlib.repr(str(exc))}") from None
+
+
+def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
+    host = dict(_mapping(fx.get("host") or {}, "host"))
+    model = _mapping(fx["gpu"], "gpu")
+    driver = _text(host.get("driver_version", DEFAULT_DRIVER), "host.driver_version")
+    kmod = _text(host.get("kernel_module_version") or driver, "host.kernel_module_version")
+    layout = _layout(fx["gpus"])
+    nvsw = _mapping(fx.get("nvswitch") or {}, "nvswitch")
+    sw_buses = [_int(b, "nvswitch bus", 0, 255)
+                for b in _list(nvsw.get("buses", []), "nvswitch.buses", MAX_NVSWITCHES)]
+    sw_ids = [bus_id(0, b) for b in sw_buses]
+    links = _list(nvsw.get("links_per_switch", []), "nvswitch.links_per_switch", MAX_NVSWITCHES)
+    links_per_switch = [_int(n, "nvswitch.links_per_switch", 0, MAX_LINKS_PER_SWITCH) for n in links]
+    sw_device_id = _int(nvsw["pci_device_id"], "nvswitch.pci_device_id", 0, 0xFFFF) if sw_buses else 0
+    if len(links_per_switch) != len(sw_buses):
+        raise FixtureError("nvswitch.links_per_switch must have one entry per switch bus")
+    fabric = fx.get("fabric")
+    fabric = None if fabric is None else _mapping(fabric, "fabric")
+    arch = ARCHITECTURES[_text(model["architecture"], "gpu.architecture").lower()]
+    brand = BRANDS[_text(model.get("brand", "nvidia"), "gpu.brand").lower()]
+    ecc = bool(model.get("ecc", True))
+    mig = bool(model.get("mig_capable", False))
+    events = EVENT_PSTATE | EVENT_XID | EVENT_CLOCK | (EVENT_SBE | EVENT_DBE if ecc else 0) | (
+        EVENT_MIG if mig else 0)
+    sub_vendor, sub_device = (_int(v, "gpu.pci_subsystem", 0, 0xFFFF) for v in model["pci_subsystem"])
+    device_id = _int(model["pci_device_id"], "gpu.pci_device_id", 0, 0xFFFF)
+    cuda_cc = [_int(v, "gpu.cuda_cc", 0, 99) for v in _list(model["cuda_cc"], "gpu.cuda_cc", 2)]
+    clocks_mhz = _mapping(model.get("clocks_mhz") or {}, "gpu.clocks_mhz")
+    clocks = {k: _int(v, f"gpu.clocks_mhz.{k}", 0, 100_000) for k, v in clocks_mhz.items()}
+    power_limit_mw = _int(model.get("power_limit_w", 300), "gpu.power_limit_w", 1, 100_000) * 1000
+    memory_mib = _int(model["memory_mib"], "gpu.memory_mib", 1, 1 << 24)
+    total = memory_mib * MIB
+    reserved = _int(model.get("reserved_mib", 0), "gpu.reserved_mib", 0, memory_mib) * MIB
+    dmi_doc = _mapping(host.get("dmi") or {}, "host.dmi")
+    dmi = {_text(k, "host.dmi key"): _text(v, f"host.dmi.{k}") for k, v in dmi_doc.items()}
+    for key in dmi:
+        if not _DMI_NAME.fullmatch(key):
+            raise FixtureError(f"host.dmi keys are sysfs file names like sys_vendor, got {reprlib.repr(key)}")
+    clique = None if fabric is None else _int(fabric["clique_id"], "fabric.clique_id", 0, 2**31 - 1)
+    fabric_uuid = _uuid_text(_digest(name, "fabric"))
+
+    gpus: list[dict[str, Any]] = []
+    for i, slot in enumerate(layout):
+        nvlinks = []
+        for s, n in enumerate(links_per_switch):
+            nvlinks += [{"remote_bus_id": sw_ids[s], "remote_device_type": NVLINK_DEVICE_TYPE_SWITCH}] * n
+        gpus.append({
+            "index": i,
+            "minor": i,
+            "uuid": gpu_uuid(name, i),
+            "serial": gpu_serial(name, i),
+            "name": _text(model["name"], "gpu.name"),
+            "brand": brand,
+            "architecture": arch,
+            "cuda_cc": cuda_cc,
+            "bus_id": bus_id(slot["domain"], slot["bus"]),
+            "pci": {"domain": slot["domain"], "bus": slot["bus"], "device": 0,
+                    "device_id": (device_id << 16) | NVIDIA_VENDOR,
+                    "subsystem_id": (sub_device << 16) | sub_vendor},
+            "memory": {"total": total, "reserved": reserved, "used": 0},
+            "numa_node": slot["numa"],
+            # The GPU's *own* memory NUMA node (coherent platforms such as Grace Hopper). None on x86
+            # PCIe/SXM boxes, where real NVML answers nvmlDeviceGetNumaNodeId with NOT_SUPPORTED.
+            "gpu_numa_node": None,
+            "persistence_mode": 1,
+            "mig_mode": {"current": 0, "pending": 0} if mig else None,
+            "ecc": ecc,
+            "nvlinks": nvlinks,
+            "fabric": {"cluster_uuid": fabric_uuid, "clique_id": clique} if fabric else None,
+            "board_part_number": _text(model.get("board_part_number", ""), "gpu.board_part_number"),
+            "vbios_version": _text(model.get("vbios_version", ""), "gpu.vbios_version"),
+            "inforom_image_version": _text(model.get("inforom_image_version", "G500.0200.00.03"),
+                                           "gpu.inforom_image_version"),
+            "power_limit_mw": power_limit_mw,
+            "power_usage_mw": power_limit_mw * 15 // 100 + 1000 * (i % 7),
+            "temperature_c": 30 + i % 6,
+            "performance_state": 0,
+            "clocks": {"graphics": 210, "sm": 210, "memory": clocks.get("memory", 1000),
+                       "video": min(555, clocks.get("video", 555))},
+            "max_clocks": {k: clocks.get(k, 1000) for k in ("graphics", "sm", "memory", "video")},
+            "supported_events": events,
+        })
+    topology = [[topology_level(a, b) for b in layout] for a in layout]
+    nodes = _int(host.get("numa_nodes", 1), "host.numa_nodes", 1, MAX_NUMA_NODES)
+    cpus = _int(host.get("cpus", 32), "host.cpus", nodes, MAX_CPUS)  # at least one per NUMA node
+    if any(slot["numa"] >= nodes for slot in layout):
+        raise FixtureError(f"a GPU's numa is beyond host.numa_nodes ({nodes})")
+    secure_boot, hypervisor = host.get("secure_boot"), host.get("hypervisor")
+    if secure_boot is not None and not isinstance(secure_boot, bool):
+        raise FixtureError(f"host.secure_boot must be true, false or absent, got {reprlib.repr(secure_boot)}")
+    fabricmanager = host.get("fabricmanager", "running" if sw_buses else None)
+    if fabricmanager not in (None, "running", "stopped"):  # a line of the control file: never free text
+        raise FixtureError(f"host.fabricmanager: running or stopped, got {reprlib.repr(fabricmanager)}")
+    return {
+        "schema": SCHEMA,
+        "name": name,
+        "description": _text(fx.get("description", ""), "description"),
+        "driver_version": driver,
+        "kernel_module_version": kmod,
+        "nvml_version": f"12.{driver}",
+        "cuda_driver_version": _int(host.get("cuda_driver_version", DEFAULT_CUDA), "host.cuda_driver_version",
+                                    1000, 99_999),
+        "fabricmanager_required": bool(sw_buses),
+        "host": {
+            "kernel_release": _text(host.get("kernel_release", DEFAULT_KERNEL), "host.kernel_release"),
+            "driver_loaded": bool(host.get("driver_loaded", True)),
+            "nouveau_loaded": bool(host.get("nouveau_loaded", False)),
+            "secure_boot": secure_boot,
+            "hypervisor": None if hypervisor is None else _text(hypervisor, "host.hypervisor"),
+            "dmi": dmi,
+            "cpus": cpus,
+            "numa_nodes": nodes,
+            "fabricmanager": fabricmanager,
+            "kernel_log": kernel_log(host, kmod),
+        },
+        "numa_cpus": _numa_cpus(cpus, nodes),
+        "gpus": gpus,
+        "topology": topology,
+        "nvswitches": [{"bus_id": b, "device_id": (sw_device_id << 16) | NVIDIA_VENDOR} for b in sw_ids],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a file via temp + rename so a concurrent reader (the C library) never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _cpulist(lo: int, hi: int) -> str:
+    return f"{lo}-{hi}" if hi > lo else str(lo)
+
+
+def _dev_node(path: Path, major: int, minor: int) -> bool:
+    """Create a char device node; fall back to an empty regular file where mknod is refused."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(path, 0o666)  # mknod's mode is filtered by the umask; the real nodes are 0666
+        return True
+    except (PermissionError, OSError):
+        path.touch()
+        return False
+
+
+def _pci_device(devices: Path, nvml_bus_id: str, *, device: int, klass: int, subsystem: tuple[int, int],
+                numa: int, cpulist: str) -> Path:
+    d = devices / sysfs_name(nvml_bus_id)
+    d.mkdir(parents=True, exist_ok=True)
+    for fname, val in (("vendor", f"0x{NVIDIA_VENDOR:04x}"), ("device", f"0x{device:04x}"),
+                       ("class", f"0x{klass:06x}"), ("subsystem_vendor", f"0x{subsystem[0]:04x}"),
+                       ("subsystem_device", f"0x{subsystem[1]:04x}"), ("numa_node", str(numa)),
+                       ("local_cpulist", cpulist)):
+        _write(d / fname, val + "\n")
+    return d
+
+
+def set_driver_files(root: Path, machine: dict[str, Any], loaded: bool) -> None:
+    """Create or remove what a loaded nvidia.ko shows in host/ (module, proc entry, driver links)."""
+    host = root / "host"
+    module = host / "sys/module/nvidia"
+    proc = host / "proc/driver/nvidia"
+    drivers = host / "sys/bus/pci/drivers/nvidia"
+    devices = host / "sys/bus/pci/devices"
+    bound = [g["bus_id"] for g in machine["gpus"]] + [s["bus_id"] for s in machine["nvswitches"]]
+    if not loaded:
+        for d in (module, proc, drivers):
+            shutil.rmtree(d, ignore_errors=True)
+        for b in bound:
+            link = devices / sysfs_name(b) / "driver"
+            if link.is_symlink():
+                link.unlink()
+        return
+    kmod = machine["kernel_module_version"]
+    _write(module / "version", kmod + "\n")
+    _write(proc / "version",
+           f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}\n"
+           "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n")
+    for g in machine["gpus"]:
+        _write(proc / "gpus" / sysfs_name(g["bus_id"]) / "information",
+               f"Model: \t\t {g['name']}\nIRQ:   \t\t 0\nGPU UUID: \t {g['uuid']}\n"
+               f"Video BIOS: \t {g['vbios_version'].lower()}\nBus Type: \t PCIe\n"
+               f"DMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n"
+               f"Bus Location: \t {sysfs_name(g['bus_id'])}\n"
+               f"Device Minor: \t {g['minor']}\nGPU Excluded:\t No\n")
+    drivers.mkdir(parents=True, exist_ok=True)
+    for b in bound:
+        link = devices / sysfs_name(b) / "driver"
+        if not link.is_symlink():
+            # From sys/bus/pci/devices/<id>/ two levels up is sys/bus/pci/.
+            link.symlink_to("../../drivers/nvidia")
+        dl = drivers / sysfs_name(b)
+        if not dl.is_symlink():
+            dl.symlink_to(f"../../devices/{sysfs_name(b)}")
+
+
+def set_library_files(root: Path, present: bool, library: Path | None = None) -> None:
+    """Install or remove the simulated libnvidia-ml.so.1 under lib/ and host/usr/lib.
+
+    Removing leaves an empty `lib/libnvidia-ml.so.1`: LD_LIBRARY_PATH finds it first and dlopen fails
+    ("file too short"), so pynvml raises NVMLError_LibraryNotFound even on build machines where a real
+    libnvidia-ml1 is installed in the system library path.
+    """
+    lib = root / "lib" / "libnvidia-ml.so.1"
+    stash = root / "lib" / ".libnvidia-ml.so.1.target"
+    hostlib = root / "host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    hostlib.parent.mkdir(parents=True, exist_ok=True)
+    if present:
+        target = str(library) if library else (stash.read_text().strip() if stash.exists() else "")
+        if not target:
+            raise FileNotFoundError(f"{root}: no library recorded; run `gpufleet sim materialize` again")
+        stash.write_text(target + "\n")
+        for p in (lib, hostlib):
+            if p.exists() or p.is_symlink():
+                p.unlink()
+            p.symlink_to(target)
+        so = root / "lib" / "libnvidia-ml.so"
+        if not so.is_symlink():
+            so.symlink_to("libnvidia-ml.so.1")
+    else:
+        for p in (lib, hostlib):
+            if p.exists() or p.is_symlink():
+                p.unlink()
+        lib.touch()
+
+
+def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None, lost: set[int]) -> None:
+    """Write the whole control state (see docs/simulator.md, "control")."""
+    lines = [f"driver {'loaded' if driver_loaded else 'unloaded'}"]
+    if fabricmanager:
+        lines.append(f"fabricmanager {fabricmanager}")
+    lines += [f"gpu {i} lost" for i in sorted(lost)]
+    write_atomic(root / "control", "\n".join(lines) + "\n")
+
+
+# "<device name>: ..." of dev_printk, for which the kernel adds SUBSYSTEM/DEVICE to the record's dictionary.
+_DEV_PRINTK = re.compile(r"^\S+ ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): ")
+
+
+def kmsg_records(lines: list[str]) -> str:
+    """`lines` as /dev/kmsg hands them out (Documentation/ABI/testing/dev-kmsg): "prio,seq,usec,flags;text"
+    with non-printable bytes (a message's own newlines) as \\xNN, and " KEY=value" dictionary lines."""
+    out = []
+    for seq, line in enumerate(lines):
+        # Facility 0 (kernel); level 3 (err) for the driver's complaints, 4 (warning) for the driver core's
+        # "probe of ... failed", 6 (info) for the rest (banners, the PCI core's pci_info lines).
+        if line.startswith("NVRM: ") and not line.startswith("NVRM: loading "):
+            prio = 3
+        elif "failed with error" in line:
+            prio = 4
+        else:
+            prio = 6
+        text = "".join(chr(b) if 32 <= b < 127 and b != 0x5C else f"\\x{b:02x}" for b in line.encode())
+        out.append(f"{prio},{seq},{seq * 250_000 + 1000},-;{text}\n")
+        device = _DEV_PRINTK.match(line)
+        if device:
+            out.append(f" SUBSYSTEM=pci\n DEVICE=+pci:{device.group(1)}\n")
+    return "".join(out)
+
+
+def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
+    host = root / "host"
+    h = m["host"]
+    devices = host / "sys/bus/pci/devices"
+    cpus = m["numa_cpus"]
+    nodes = host / "sys/devices/system/node"
+    for n, (lo, hi) in enumerate(cpus):
+        _write(nodes / f"node{n}" / "cpulist", _cpulist(lo, hi) + "\n")
+    _write(nodes / "online", _cpulist(0, len(cpus) - 1) + "\n")
+    _write(host / "sys/devices/system/cpu/online", _cpulist(0, h["cpus"] - 1) + "\n")
+    for g in m["gpus"]:
+        numa = g["numa_node"]
+        cpulist = _cpulist(*cpus[numa]) if 0 <= numa < len(cpus) else _cpulist(0, h["cpus"] - 1)
+        sub = g["pci"]["subsystem_id"]
+        # 0x030200: "3D controller", how datacenter GPUs without display outputs enumerate.
+        _pci_device(devices, g["bus_id"], device=g["pci"]["device_id"] >> 16, klass=0x030200,
+                    subsystem=(sub & 0xFFFF, sub >> 16), numa=numa, cpulist=cpulist)
+    for s in m["nvswitches"]:
+        # NVSwitches are PCI bridges of class 0x068000 ("Bridge: other") bound to nvidia.ko too.
+        _pci_device(devices, s["bus_id"], device=s["device_id"] >> 16, klass=0x068000,
+                    subsystem=(NVIDIA_VENDOR, 0x1626), numa=0, cpulist=_cpulist(*cpus[0]))
+    dmi = host / "sys/class/dmi/id"
+    for k, v in h["dmi"].items():
+        _write(dmi / k, f"{v}\n")
+    if h["secure_boot"] is not None:
+        # efivarfs layout: 4 bytes of attributes (NV|BS|RT = 0x06) then the 1-byte value.
+        efivars = host / "sys/firmware/efi/efivars"
+        efivars.mkdir(parents=True, exist_ok=True)
+        value = b"\x01" if h["secure_boot"] else b"\x00"
+        (efivars / SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00" + value)
+    if h["nouveau_loaded"]:
+        _write(host / "sys/module/nouveau/initstate", "live\n")
+    flags = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse"
+    if h["hypervisor"]:
+        flags += " hypervisor"
+    cpuinfo = [f"processor\t: {c}\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n"
+               for c in range(min(h["cpus"], 4))]
+    _write(host / "proc/cpuinfo", "".join(cpuinfo))
+    _write(host / "proc/sys/kernel/osrelease", h["kernel_release"] + "\n")
+    set_driver_files(root, m, h["driver_loaded"])
+
+    dev = host / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    # The kernel log, as a regular file discovery reads like /dev/kmsg (a real one is char device 1:11).
+    _write(dev / "kmsg", kmsg_records(h.get("kernel_log") or []))
+    made = {"char": 0, "file": 0}
+    if not h["driver_loaded"]:
+        return made  # the module never loaded (fixture driver_loaded: false): no /dev/nvidia* nodes
+
+    def node(name: str, major: int, minor: int) -> None:
+        made["char" if _dev_node(dev / name, major, minor) else "file"] += 1
+
+    for g in m["gpus"]:
+        node(f"nvidia{g['minor']}", NVIDIA_MAJOR, g["minor"])
+    node("nvidiactl", NVIDIA_MAJOR, 255)
+    node("nvidia-modeset", NVIDIA_MAJOR, 254)
+    node("nvidia-uvm", UVM_MAJOR, 0)
+    node("nvidia-uvm-tools", UVM_MAJOR, 1)
+    for i, _ in enumerate(m["nvswitches"]):
+        node(f"nvidia-nvswitch{i}", NVSWITCH_MAJOR, i)
+    if m["nvswitches"]:
+        node("nvidia-nvswitchctl", NVSWITCH_MAJOR, 255)
+    return made
+
+
+def _write_smi_wrapper(root: Path) -> None:
+    # The interpreter is baked in so the wrapper works from any PATH; the root defaults to this one.
+    script = (
+        "#!/bin/sh\n"
+        "# nvidia-smi stand-in for a gpufleet sim root: runs gpufleet-sim-smi against this root.\n"
+        f': "${{GPUFLEET_SIM_ROOT:={root}}}"\n'
+        f': "${{LD_LIBRARY_PATH:={root}/lib}}"\n'
+        f': "${{GPUFLEET_HOST_ROOT:={root}/host}}"\n'
+        "export GPUFLEET_SIM_ROOT LD_LIBRARY_PATH GPUFLEET_HOST_ROOT\n"
+        f'exec {sys.executable} -m gpufleet_harness.sim.smi "$@"\n'
+    )
+    path = root / "bin" / "nvidia-smi"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+
+
+def materialize(fixture: str | os.PathLike[str], root: str | os.PathLike[str], *,
+                library: Path | None = None, build: bool = True) -> Path:
+    """Expand `fixture` into a fresh sim root at `root` (replacing an existing one); returns the root.
+
+    `library` is the built libnvidia-ml.so.1 to link under lib/; by default it is built (cached).
+    """
+    from gpufleet_harness.sim import build as simbuild
+
+    root = Path(root).resolve()
+    m = expand(fixture)
+    if library is None and build:
+        library = simbuild.build_library()
+    if root.exists():
+        if not (root / "machine.json").exists() and any(root.iterdir()):
+            raise FileExistsError(f"{root} exists, is not empty and is not a sim root; not replacing it")
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    write_atomic(root / "machine.json", json.dumps(m, indent=1) + "\n")
+    h = m["host"]
+    write_control(root, driver_loaded=h["driver_loaded"], fabricmanager=h["fabricmanager"], lost=set())
+    (root / "events").write_text("")
+    if library is not None:
+        set_library_files(root, True, Path(library))
+    _write_host(root, m)
+    _write_smi_wrapper(root)
+    return root
+
+
+def load_machine(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a sim root's machine.json; FixtureError when it is not a machine document."""
+    path = Path(root) / "machine.json"
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_MACHINE_JSON_BYTES + 1)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{root} is not a sim root (no machine.json)") from None
+    if len(raw) > MAX_MACHINE_JSON_BYTES:
+        raise FixtureError(f"{path}: larger than {MAX_MACHINE_JSON_BYTES} bytes; not a machine")
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise FixtureError(f"{path}: nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise FixtureError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("gpus"), list):
+        raise FixtureError(f"{path}: not a schema {SCHEMA} machine document")
+    return doc
+
+
+def default_root(fixture: str) -> Path:
+    """Where `gpufleet sim env FIXTURE` puts a root: $XDG_RUNTIME_DIR or /tmp, per user and fixture."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"gpufleet-sim-{os.getuid()}" / Path(fixture).stem
+
+
+def sim_env(root: str | os.PathLike[str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that point NVML consumers at a sim root (see docs/simulator.md)."""
+    root = Path(root).resolve()
+    base = dict(os.environ if base is None else base)
+    path = base.get("PATH", os.defpath)
+    return {
+        "GPUFLEET_SIM_ROOT": str(root),
+        "LD_LIBRARY_PATH": ":".join(p for p in (str(root / "lib"), base.get("LD_LIBRARY_PATH")) if p),
+        "GPUFLEET_HOST_ROOT": str(root / "host"),
+        "PATH": f"{root / 'bin'}:{path}",
+    }

@@ -1,0 +1,210 @@
+"""Run the roles' molecule scenarios against podman test hosts, with everything they need in place.
+
+For a run this module: checks the host tools, writes the containers.conf, builds (or reuses) the images a
+scenario names, builds the signed stand-in repository and serves it on 127.0.0.1, then runs molecule with
+state kept under the test-host state dir. The test hosts use slirp4netns with ``allow_host_loopback``, so
+the server's loopback port is reachable from inside them at 10.0.2.2 while their own network (docker
+bridges included) stays private.
+
+Scenarios whose hosts run Ubuntu are opt-in: CI may reach Debian's archives only, so they are not in the
+default set and run only when named (GPUFLEET_MOLECULE_SCENARIOS, ``-s``); named while Ubuntu's archive
+does not answer, the run fails before anything is built, naming the archive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet_harness.testhosts.aptrepo import Repo, RepoServer, build_repo
+from gpufleet_harness.testhosts.images import (
+    IMAGE_REPOSITORY,
+    ArchiveUnreachableError,
+    ImageSpec,
+    build_image,
+    is_ubuntu,
+    require_archive,
+)
+from gpufleet_harness.testhosts.podman import podman_env
+from gpufleet_harness.testhosts.workspace import require_tools, state_dir
+
+# slirp4netns maps the host's loopback to this address when allow_host_loopback=true.
+HOST_LOOPBACK_FROM_CONTAINER = "10.0.2.2"
+PROJECT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    """Outcome of one molecule invocation."""
+
+    scenario: str
+    command: str
+    returncode: int
+    seconds: float
+    log: Path | None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def all_scenarios(project: Path = PROJECT) -> list[str]:
+    """Every scenario: every molecule/<name>/molecule.yml."""
+    return sorted(p.parent.name for p in (project / "molecule").glob("*/molecule.yml"))
+
+
+def opt_in(scenario: str, project: Path = PROJECT) -> bool:
+    """Whether the scenario runs only when named: a host of it runs Ubuntu (an archive CI may not reach)."""
+    return any(is_ubuntu(suite) for suite in scenario_suites(scenario, project))
+
+
+def scenarios(project: Path = PROJECT) -> list[str]:
+    """The default set: every scenario but the opt-in ones."""
+    return [name for name in all_scenarios(project) if not opt_in(name, project)]
+
+
+def opt_in_scenarios(project: Path = PROJECT) -> list[str]:
+    """Scenarios that run only when named (Ubuntu hosts)."""
+    return [name for name in all_scenarios(project) if opt_in(name, project)]
+
+
+def selected_scenarios(project: Path = PROJECT) -> list[str]:
+    """Scenarios named in GPUFLEET_MOLECULE_SCENARIOS (comma-separated; opt-in ones too), else the default
+    set (every scenario but the opt-in ones)."""
+    wanted = [name for name in os.environ.get("GPUFLEET_MOLECULE_SCENARIOS", "").split(",") if name]
+    return wanted or scenarios(project)
+
+
+def scenario_suites(scenario: str, project: Path = PROJECT) -> list[str]:
+    """Suites (Debian's, Ubuntu's) whose test-host image the scenario's platforms use."""
+    text = (project / "molecule" / scenario / "molecule.yml").read_text()
+    return sorted(set(re.findall(re.escape(IMAGE_REPOSITORY) + r":([a-z]+)", text)))
+
+
+def require_archives(names: Sequence[str], project: Path = PROJECT) -> None:
+    """Raise ArchiveUnreachableError when a scenario's Ubuntu hosts need an archive that does not answer.
+
+    Debian suites are not checked (every machine that runs the scenarios has Debian's archives)."""
+    for suite in sorted({s for name in names for s in scenario_suites(name, project) if is_ubuntu(s)}):
+        spec = ImageSpec(suite)
+        try:
+            require_archive(spec)
+        except ArchiveUnreachableError as err:
+            users = [name for name in names if suite in scenario_suites(name, project)]
+            raise ArchiveUnreachableError(
+                f"scenario {', '.join(users)} needs Ubuntu {suite} test hosts, but {err}. Ubuntu scenarios "
+                "are opt-in (not in the default set: CI may reach Debian's archives only); drop them from "
+                "GPUFLEET_MOLECULE_SCENARIOS, or point GPUFLEET_UBUNTU_MIRROR at an Ubuntu mirror that "
+                "answers."
+            ) from err
+
+
+def _collection_link(project: Path) -> Path:
+    """A collections path in which gpufleet.nvidia is this checkout (for the playbooks' FQCNs)."""
+    root = state_dir() / "collections"
+    link = root / "ansible_collections" / "gpufleet" / "nvidia"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink() or link.resolve() != project.resolve():
+        link.unlink(missing_ok=True)
+        link.symlink_to(project.resolve())
+    return root
+
+
+@contextmanager
+def served_repo(repo: Repo | None = None) -> Iterator[tuple[Repo, str]]:
+    """Build (unless given) and serve the stand-in repository; yield it and its URL as test hosts see it."""
+    repo = repo or build_repo()
+    with RepoServer(repo.root) as server:
+        yield repo, f"http://{HOST_LOOPBACK_FROM_CONTAINER}:{server.port}"
+
+
+def molecule_env(repo_url: str, project: Path = PROJECT) -> dict[str, str]:
+    """Environment for molecule: podman config, stand-in repo URL, all state inside the workspace."""
+    env = podman_env()
+    home = state_dir() / "home"
+    home.mkdir(exist_ok=True)
+    # molecule calls ansible-playbook & co. by name: the interpreter's own bin directory comes first.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(
+        HOME=str(home),
+        GPUFLEET_TEST_REPO_URL=repo_url,
+        ANSIBLE_COLLECTIONS_PATH=str(_collection_link(project)),
+        ANSIBLE_FORCE_COLOR="0",
+        PY_COLORS="0",
+        ANSIBLE_NOCOLOR="1",
+    )
+    env.setdefault("ANSIBLE_LOCAL_TEMP", str(home / ".ansible" / "tmp"))
+    return env
+
+
+def prepare_images(names: Sequence[str], project: Path = PROJECT) -> None:
+    """Build every image the scenarios use (cached by content key), after checking the Ubuntu archive answers
+    when a scenario needs it (its hosts install from it even when the image is cached)."""
+    require_archives(names, project)
+    for suite in sorted({s for name in names for s in scenario_suites(name, project)}):
+        build_image(ImageSpec(suite))
+
+
+def run_scenario(
+    scenario: str,
+    repo_url: str,
+    command: str = "test",
+    extra: Sequence[str] = (),
+    project: Path = PROJECT,
+    log: Path | None = None,
+) -> ScenarioRun:
+    """Run ``molecule COMMAND -s SCENARIO``; output goes to ``log`` when given, else to this terminal."""
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "molecule", command, "-s", scenario, *extra]
+    env = molecule_env(repo_url, project)
+    if log is None:
+        result = subprocess.run(argv, cwd=project, env=env, check=False)
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            result = subprocess.run(
+                argv, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
+            )
+    run = ScenarioRun(scenario, command, result.returncode, time.monotonic() - started, log)
+    with (state_dir() / "timings.jsonl").open("a") as fh:
+        fh.write(
+            json.dumps(
+                {
+                    "scenario": scenario,
+                    "command": command,
+                    "rc": run.returncode,
+                    "seconds": round(run.seconds, 1),
+                    "at": int(time.time()),
+                }
+            )
+            + "\n"
+        )
+    return run
+
+
+def run_scenarios(
+    names: Sequence[str], command: str = "test", extra: Sequence[str] = ()
+) -> list[ScenarioRun]:
+    """Prepare once, then run the scenarios one after another (the build machines have two cores)."""
+    require_tools()
+    prepare_images(names)
+    runs = []
+    with served_repo() as (_repo, url):
+        for name in names:
+            runs.append(run_scenario(name, url, command, extra))
+    return runs
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    """The last lines of a scenario log, for failure messages."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
