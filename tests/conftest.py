@@ -239,3 +239,39 @@ def stack(sim_lib: Path) -> Iterator[LabStack]:
     finally:
         the_stack.close()
 
+
+
+# -- the base install (pyproject's dependencies without extras) ---------------------------------------------
+# What only the extras bring (controller, esxi, molecule, harness): a process started with base_install_env
+# cannot import them, as on a machine where `pip install gpufleet` installed the base wheel alone.
+EXTRAS_ONLY = ("ansible", "ansible_collections", "ansible_runner", "testinfra", "pyVmomi", "vmware",
+               "molecule", "gpufleet_harness", "pytest", "_pytest")  # fmt: skip
+_BLOCKER = '''\
+"""Installed by tests/conftest.py base_install_env: refuse what gpufleet's base install lacks."""
+import importlib.abc
+import sys
+
+_REFUSED = frozenset({refused!r})
+
+
+class _BaseInstall(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in _REFUSED:
+            raise ModuleNotFoundError(
+                f"No module named {{name!r}} (not in gpufleet's base install)", name=name
+            )
+        return None
+
+
+sys.meta_path.insert(0, _BaseInstall())
+'''
+
+
+@pytest.fixture(scope="session")
+def base_install_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for a child Python that behaves as gpufleet's base install: a sitecustomize on its path
+    refuses every module in EXTRAS_ONLY (they are installed in this venv, so they must be refused)."""
+    site = tmp_path_factory.mktemp("base-install")
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(refused=sorted(EXTRAS_ONLY)))
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}

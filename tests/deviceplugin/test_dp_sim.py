@@ -59,11 +59,16 @@ class Sim:
         return self.stub().Allocate(req, timeout=10).container_responses[0]
 
 
-def start_sim(fixture: str, before: list[list[str]] = (), args: list[str] = ()) -> Sim:  # type: ignore[assignment]
+def start_sim(
+    fixture: str,
+    before: list[list[str]] = (),  # type: ignore[assignment]
+    args: list[str] = (),  # type: ignore[assignment]
+    env: dict[str, str] | None = None,
+) -> Sim:
     base = short_dir("sim")
     root, socket_dir = os.path.join(base, "root"), os.path.join(base, "sock")
     os.mkdir(socket_dir)
-    env = materialize_sim(fixture, root)
+    env = {**materialize_sim(fixture, root), **(env or {})}
     for words in before:
         inject(root, *words)
     with open(os.path.join(root, "machine.json")) as f:
@@ -95,6 +100,22 @@ def t4(sim_library: str) -> Iterator[Sim]:
     wait_for(lambda: sim.kubelet.requests, "registration")
     yield sim
     stop_sim(sim)
+
+
+def test_plugin_runs_from_the_base_install(sim_library: str, base_install_env: dict[str, str]) -> None:
+    """No ansible, testinfra, pyVmomi or harness importable (tests/packaging): it registers, lists and
+    allocates as ever."""
+    sim = start_sim("pcie-2x-t4", env=base_install_env)
+    try:
+        wait_for(lambda: sim.kubelet.requests, "registration")
+        watcher = Watcher(plugin_channel(sim.socket_dir, ENDPOINT))
+        devices = watcher.wait(lambda d: len(d) == 2, "2 GPUs")
+        watcher.cancel()
+        assert set(devices.values()) == {"Healthy"}
+        assert sim.allocate(1).envs["NVIDIA_VISIBLE_DEVICES"] == sim.uuids[1]
+    finally:
+        stop_sim(sim)
+    assert "base install" not in sim.proc.output()
 
 
 def index_health(sim: Sim, devices: dict[str, str]) -> list[str]:

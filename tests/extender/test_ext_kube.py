@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -157,7 +158,11 @@ def test_watch_reports_and_recovers_from_an_api_outage(cluster, clock) -> None: 
         server.close()
 
 
-def test_serve_command_runs_against_an_api_server_and_stops_on_sigterm(fake, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("install", ["checkout", "base"])
+def test_serve_command_runs_against_an_api_server_and_stops_on_sigterm(  # type: ignore[no-untyped-def]
+    fake, tmp_path, install, base_install_env
+) -> None:
+    """Also as gpufleet's base install (no ansible, testinfra, pyVmomi or harness importable)."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
@@ -183,6 +188,7 @@ def test_serve_command_runs_against_an_api_server_and_stops_on_sigterm(fake, tmp
         ],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(base_install_env if install == "base" else {})},
     )
     try:
 
