@@ -20,6 +20,7 @@ from gpufleet.deviceplugin.plugin.server import DevicePluginService, PluginServe
 from gpufleet.deviceplugin.rm.devices import ResourceKind
 from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager, StartSettings
 from gpufleet.deviceplugin.rm.model import DeviceSource, SourceUnavailable
+from gpufleet.kubeconfig import api_client
 from gpufleet.logs import log_event, setup_logging
 
 EXIT_CONFIG = 2
@@ -31,18 +32,10 @@ class StartupError(Exception):
 
 
 def kubernetes_api(kubeconfig: str) -> Any:
-    """CoreV1Api from a kubeconfig path, else in-cluster, else ~/.kube/config."""
+    """CoreV1Api from a kubeconfig path, else in-cluster, else ~/.kube/config (gpufleet.kubeconfig)."""
     from kubernetes import client
-    from kubernetes import config as kubeconfig_loader
 
-    if kubeconfig:
-        kubeconfig_loader.load_kube_config(config_file=kubeconfig)
-    else:
-        try:
-            kubeconfig_loader.load_incluster_config()
-        except kubeconfig_loader.ConfigException:
-            kubeconfig_loader.load_kube_config()
-    return client.CoreV1Api()
+    return client.CoreV1Api(api_client(kubeconfig))
 
 
 class App:

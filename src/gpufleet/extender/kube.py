@@ -24,6 +24,7 @@ from gpufleet.extender.cluster import (
     NotFoundError,
     UnavailableError,
 )
+from gpufleet.kubeconfig import api_client
 from gpufleet.logs import log_event
 
 GONE = 410
@@ -72,17 +73,7 @@ class KubeCluster:
     @classmethod
     def from_config(cls, kubeconfig: str = "", timeout: float = 10.0) -> KubeCluster:
         """From a kubeconfig file, else the pod's service account, else the default kubeconfig."""
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except config.ConfigException:
-                config.load_kube_config(client_configuration=configuration)
-        return cls(client.ApiClient(configuration), timeout)
+        return cls(api_client(kubeconfig), timeout)
 
     # ------------------------------------------------------------------ plumbing
 
