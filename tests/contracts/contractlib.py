@@ -317,10 +317,12 @@ def role_says(fact: Fact) -> tuple[bool, str]:
 def _role_uses(fact: Fact) -> tuple[bool, str]:
     variable = str(fact.variable)
     if "/" in variable or variable.endswith((".yml", ".j2", ".yaml")):
-        path = ROLES / fact.role / variable
+        # A file of the role, or of the collection (plugins/...: the modules the role calls).
+        where = variable if variable.startswith("plugins/") else f"roles/{fact.role}/{variable}"
+        path = REPO / where
         if not path.exists():
-            return False, f"roles/{fact.role}/{variable} does not exist"
-        return str(fact.value) in path.read_text(), f"roles/{fact.role}/{variable}"
+            return False, f"{where} does not exist"
+        return str(fact.value) in path.read_text(), where
     rendered = RoleVars(fact.role, DISTRIBUTIONS[fact.distribution], fact.overrides).get(variable)
     return str(fact.value) in flatten(rendered), repr(rendered)
 

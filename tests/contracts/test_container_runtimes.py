@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contractlib import REPO, real, role_says, validate_entry
 
 ROLE = REPO / "roles/nvidia_container_toolkit"
-MODULE = ROLE / "library/nvidia_containerd_runtime.py"
+MODULE = REPO / "plugins/modules/nvidia_containerd_runtime.py"
 FACTS = Path(__file__).resolve().parent / "facts/container_runtimes.yaml"
 ARTIFACTS = Path(__file__).resolve().parent / "fixtures/container_runtimes-artifacts.json"
 THIS = "tests/contracts/test_container_runtimes.py"
