@@ -338,10 +338,10 @@ diff:
 
 import os
 import shutil
-import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.files import atomic_write
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import CONNECTION_ARGS, KubeError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_extender import (
     DEPLOY_ARGS,
@@ -400,17 +400,6 @@ def _backup(path: str, backup_dir: str) -> str:
     return target
 
 
-def _write(path: str, text: str, mode: int) -> None:
-    """Atomic write (temp file in the same directory, then rename)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 def _check_backup_dir(params: dict) -> None:
     manifest, backups = params["scheduler_manifest"], params["scheduler_backup_dir"]
     if manifest and os.path.realpath(os.path.dirname(manifest)) == os.path.realpath(backups):
@@ -453,7 +442,7 @@ def configure_scheduler(module: AnsibleModule, result: dict, diffs: list) -> Non
         backup = None
         if changed and not check:
             backup = _backup(path, params["scheduler_backup_dir"]) if old is not None else None
-            _write(path, text or "", 0o644)
+            atomic_write(path, text or "", 0o644)
         result["scheduler_config_file"] = {"path": path, "changed": changed, "backup": backup}
         if changed:
             diffs.append({"before_header": path, "after_header": path, "before": old or "", "after": text})
@@ -474,7 +463,7 @@ def configure_scheduler(module: AnsibleModule, result: dict, diffs: list) -> Non
             )
             if not check:
                 backup = _backup(manifest_path, params["scheduler_backup_dir"])
-                _write(manifest_path, new_text, os.stat(manifest_path).st_mode & 0o777)
+                atomic_write(manifest_path, new_text, os.stat(manifest_path).st_mode & 0o777)
         manifest_changed = changed
         result["scheduler_manifest"] = {"path": manifest_path, "changed": changed, "backup": backup}
     if path and not present:

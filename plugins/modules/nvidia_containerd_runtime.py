@@ -1,13 +1,15 @@
 #!/usr/bin/python
-# Copyright: gpufleet contributors
-# Apache-2.0
-"""Merge an NVIDIA runtime into containerd's configuration through an imported drop-in file."""
+# Copyright: (c) 2026, gpufleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Ansible module: merge an NVIDIA runtime into containerd's configuration through an imported drop-in."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
+---
 module: nvidia_containerd_runtime
 short_description: Add the NVIDIA runtime to containerd through a drop-in, keeping the existing CRI settings
+version_added: "0.1.0"
 description:
   - Writes a drop-in file that containerd loads through the C(imports) key of its main config, and adds that
     path to C(imports). The main config is otherwise left as it is.
@@ -25,6 +27,8 @@ description:
     reports C(cri_enabled=false) and says so in C(msg), and nothing is changed.
   - Every candidate is validated with C(containerd --config FILE config dump) before anything is written; a
     main config that does not parse fails the task and nothing is changed.
+author:
+  - gpufleet contributors (@gpufleet)
 options:
   state:
     description: C(absent) removes the drop-in and its C(imports) entry.
@@ -66,7 +70,7 @@ options:
 
 EXAMPLES = r"""
 - name: Ensure containerd knows the nvidia runtime and uses it by default
-  nvidia_containerd_runtime:
+  gpufleet.nvidia.nvidia_containerd_runtime:
     set_default: true
 """
 
@@ -95,12 +99,13 @@ backups:
 """
 
 # Ansible modules keep their documentation above the imports.
-import os  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
+import os
+import re
+import shutil
+import tempfile
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.files import atomic_write
 
 # Where the CRI runtime settings live, by config version.
 CRI_PLUGIN = {2: 'plugins."io.containerd.grpc.v1.cri"', 3: 'plugins."io.containerd.cri.v1.runtime"'}
@@ -307,6 +312,11 @@ def absent(module, params, result):
     module.exit_json(**result)
 
 
+def fail(module, result, msg):
+    """fail_json with ``msg`` and the other fields of ``result`` (its ``msg`` replaced)."""
+    module.fail_json(msg=msg, **{key: value for key, value in result.items() if key != "msg"})
+
+
 def read(path):
     if not os.path.exists(path):
         return None
@@ -317,14 +327,7 @@ def read(path):
 def write(module, path, text, backups):
     if os.path.exists(path) and module.params["backup"]:
         backups.append(module.backup_local(path))
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpufleet-")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    module.atomic_move(tmp, path)
+    atomic_write(path, text, 0o644, move=module.atomic_move)
 
 
 def main():
@@ -358,14 +361,13 @@ def main():
         rc, dumped, err = dump(module, binary, params["config"])
         found = config_version_of(main_text)
         accepted = ACCEPTED_VERSIONS[major]
-        wrong_version = dict(
-            result,
-            msg=f"{params['config']} is containerd config version {found} but containerd {release} loads "
+        wrong_version = (
+            f"{params['config']} is containerd config version {found} but containerd {release} loads "
             f"version {' or '.join(map(str, accepted))}; migrate it first (containerd config migrate, "
             f"containerd 2.x), left untouched")
         if rc != 0:
-            module.fail_json(**(wrong_version if found > max(accepted) else dict(
-                result, msg=f"containerd cannot parse {params['config']}, left untouched: {err}")))
+            fail(module, result, wrong_version if found > max(accepted)
+                 else f"containerd cannot parse {params['config']}, left untouched: {err}")
         disabled = [p for p in top_level_list(dumped, "disabled_plugins") if p in CRI_PLUGIN_IDS]
         if disabled:
             result.update(
@@ -375,7 +377,7 @@ def main():
             )
             module.exit_json(**result)
         if found not in accepted:
-            module.fail_json(**wrong_version)
+            fail(module, result, wrong_version)
         version = found
     result["config_version"] = version
     plugin = CRI_PLUGIN[version]
@@ -387,10 +389,10 @@ def main():
             handle.write(without_imports(main_text) if main_text is not None else f"version = {version}\n")
         rc, dumped, err = dump(module, binary, base)
         if rc != 0:
-            module.fail_json(**dict(result, msg=f"containerd cannot dump the base config: {err}"))
+            fail(module, result, f"containerd cannot dump the base config: {err}")
         region = cri_section(dumped, dump_plugin)
         if not region:
-            module.fail_json(**dict(result, msg=f"no [{dump_plugin}] section in containerd's config dump"))
+            fail(module, result, f"no [{dump_plugin}] section in containerd's config dump")
         systemd_cgroup = params["systemd_cgroup"]
         if systemd_cgroup is None:
             systemd_cgroup = runc_systemd_cgroup(region, dump_plugin)
@@ -410,13 +412,11 @@ def main():
         rc, merged, err = dump(module, binary, candidate_main)
         runtime = "{}.containerd.runtimes.{}".format(dump_plugin, params["runtime_name"])
         if rc != 0:
-            module.fail_json(**dict(result, msg=f"the merged containerd config does not validate: {err}"))
+            fail(module, result, f"the merged containerd config does not validate: {err}")
         found = table_value(merged, runtime + ".options", "BinaryName")
         if found != params["binary"]:
-            module.fail_json(**dict(
-                result,
-                msg=f"the merged containerd config does not carry the drop-in: [{runtime}.options] has "
-                f"BinaryName {found!r}, not {params['binary']!r}"))
+            fail(module, result, f"the merged containerd config does not carry the drop-in: [{runtime}.options] "
+                 f"has BinaryName {found!r}, not {params['binary']!r}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -29,6 +29,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contractlib import REPO, real, role_says, validate_entry
+from labstack import ensure_collection_link
 
 ROLE = REPO / "roles/nvidia_container_toolkit"
 MODULE = REPO / "plugins/modules/nvidia_containerd_runtime.py"
@@ -171,9 +172,11 @@ class Containerd:
                 {"ANSIBLE_MODULE_ARGS": {**params, "_ansible_check_mode": check, "_ansible_diff": True}}
             )
         )
+        env = {**os.environ, "PYTHONPATH": str(ensure_collection_link())}
         proc = subprocess.run(
-            [sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, check=False
+            [sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, env=env, check=False
         )
+        assert proc.stdout.strip(), f"the module printed nothing: {proc.stderr[-2000:]}"
         result: dict[str, Any] = json.loads(proc.stdout)
         return result
 

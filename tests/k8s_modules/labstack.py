@@ -294,12 +294,14 @@ def release_stacks(config: pytest.Config) -> None:
 
 
 # -- ansible-playbook ------------------------------------------------------------------------------
-def ensure_collection_link() -> None:
-    """The link ansible.cfg's collections_path expects (what `make bootstrap` creates)."""
+def ensure_collection_link() -> Path:
+    """The link ansible.cfg's collections_path expects (what `make bootstrap` creates); returns that path
+    (what PYTHONPATH needs for running a module of the collection directly)."""
     link = REPO / ".cache/collections/ansible_collections/gpufleet/nvidia"
     if not link.exists():
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to("../../../..", target_is_directory=True)
+    return REPO / ".cache/collections"
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labstack import ensure_collection_link
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "plugins/modules/apt_source_lookup.py"
@@ -39,15 +40,6 @@ OWN_CUDA = textwrap.dedent(f"""\
 """)
 
 pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt-get (Debian or Ubuntu)")
-
-
-def ensure_collection_link() -> Path:
-    """The link ansible.cfg's collections_path expects (what `make bootstrap` creates)."""
-    link = REPO / ".cache/collections/ansible_collections/gpufleet/nvidia"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("../../../..", target_is_directory=True)
-    return REPO / ".cache/collections"
 
 
 def etc_apt(tmp_path: Path, files: dict[str, str], sources_list: str = "") -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labstack import ensure_collection_link
 
 from gpufleet.gpu import normalize_bus_id
 from gpufleet_harness.sim import build as simbuild
@@ -30,14 +31,6 @@ NO_DRIVER_HOST = "sim-dgx-a100-nodriver"
 SMALL_MMIO = "esxi-vm-small-mmio"
 
 Run = tuple[subprocess.CompletedProcess[str], Path]
-
-
-def ensure_collection_link() -> None:
-    """The link ansible.cfg's collections_path expects (what `make bootstrap` creates)."""
-    link = REPO / ".cache/collections/ansible_collections/gpufleet/nvidia"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("../../../..", target_is_directory=True)
 
 
 def playbook(*args: str) -> subprocess.CompletedProcess[str]:

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpufleet.files import atomic_write
 from gpufleet.yamlfile import YamlFileError, read_yaml
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
@@ -364,16 +365,6 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file via temp + rename so a concurrent reader (the C library) never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -484,7 +475,7 @@ def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None,
     if fabricmanager:
         lines.append(f"fabricmanager {fabricmanager}")
     lines += [f"gpu {i} lost" for i in sorted(lost)]
-    write_atomic(root / "control", "\n".join(lines) + "\n")
+    atomic_write(root / "control", "\n".join(lines) + "\n")
 
 
 # "<device name>: ..." of dev_printk, for which the kernel adds SUBSYSTEM/DEVICE to the record's dictionary.
@@ -611,7 +602,7 @@ def materialize(fixture: str | os.PathLike[str], root: str | os.PathLike[str], *
             raise FileExistsError(f"{root} exists, is not empty and is not a sim root; not replacing it")
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    write_atomic(root / "machine.json", json.dumps(m, indent=1) + "\n")
+    atomic_write(root / "machine.json", json.dumps(m, indent=1) + "\n")
     h = m["host"]
     write_control(root, driver_loaded=h["driver_loaded"], fabricmanager=h["fabricmanager"], lost=set())
     (root / "events").write_text("")
