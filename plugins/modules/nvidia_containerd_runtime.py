@@ -166,14 +166,21 @@ def top_level_list(text, key):
     return []
 
 
-def table_value(dumped, table, key):
-    """A string value of one table in a config dump, whichever quote style the dump uses."""
+def in_tables(lines):
+    """(table, line) for each line that is not a table header: the normalized name of the table the line
+    belongs to (None before the first header)."""
     current = None
-    for line in dumped.splitlines():
+    for line in lines:
         header = HEADER.match(line)
         if header:
             current = normalize(header.group(1))
             continue
+        yield current, line
+
+
+def table_value(dumped, table, key):
+    """A string value of one table in a config dump, whichever quote style the dump uses."""
+    for current, line in in_tables(dumped.splitlines()):
         found = re.match(rf"^\s*{key}\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", line)
         if current == table and found:
             return found.group(1) if found.group(1) is not None else found.group(2)
@@ -229,12 +236,7 @@ def edit_section(region, plugin, name, set_default):
 
 def runc_systemd_cgroup(region, plugin):
     options = f"{plugin}.containerd.runtimes.runc.options"
-    current = None
-    for line in region:
-        header = HEADER.match(line)
-        if header:
-            current = normalize(header.group(1))
-            continue
+    for current, line in in_tables(region):
         found = re.match(r"^\s*SystemdCgroup\s*=\s*(true|false)", line)
         if current == options and found:
             return found.group(1) == "true"

@@ -6,27 +6,14 @@ stand in; the terminal summary says which, per archive.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import contractlib
 import pytest
-
-_HOW: Counter[str] = Counter()
-
-
-def note_reading(how: str) -> None:
-    """Count how a real artifact was read ("downloaded", "live" Ubuntu, or Ubuntu "fixture")."""
-    _HOW[how] += 1
+from contractlib import READINGS as _HOW
 
 
 @pytest.fixture(scope="session")
 def facts() -> list[contractlib.Fact]:
     return contractlib.load_facts()
-
-
-def role_vars(role: str, distribution: str, **overrides: object) -> contractlib.RoleVars:
-    """A role's variables for one distribution as a play without inventory would see them."""
-    return contractlib.RoleVars(role, contractlib.DISTRIBUTIONS[distribution], dict(overrides))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -325,6 +326,22 @@ def _role_uses(fact: Fact) -> tuple[bool, str]:
         return str(fact.value) in path.read_text(), where
     rendered = RoleVars(fact.role, DISTRIBUTIONS[fact.distribution], fact.overrides).get(variable)
     return str(fact.value) in flatten(rendered), repr(rendered)
+
+
+# How real artifacts were read this session ("downloaded", "live" Ubuntu, or Ubuntu "fixture"); the
+# folder's conftest prints the counts. (Helpers live here, not in conftest.py: `from conftest import`
+# finds whichever folder's conftest was imported first.)
+READINGS: Counter[str] = Counter()
+
+
+def note_reading(how: str) -> None:
+    """Count how a real artifact was read."""
+    READINGS[how] += 1
+
+
+def role_vars(role: str, distribution: str, **overrides: object) -> RoleVars:
+    """A role's variables for one distribution as a play without inventory would see them."""
+    return RoleVars(role, DISTRIBUTIONS[distribution], dict(overrides))
 
 
 # --- probes into real packages -------------------------------------------------------------------------

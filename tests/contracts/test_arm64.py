@@ -21,8 +21,7 @@ from typing import Any
 import contractlib
 import pytest
 import yaml
-from conftest import note_reading
-from contractlib import REPO, ContractError, Fact, RoleVars, real
+from contractlib import REPO, ContractError, Fact, RoleVars, note_reading, real
 
 THIS = "tests/contracts/test_arm64.py"
 FIXTURE = contractlib.FIXTURES_DIR / "arm64-ubuntu.json"

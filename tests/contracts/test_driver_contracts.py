@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contractlib
 import pytest
-from conftest import note_reading, role_vars
+from contractlib import note_reading, role_vars
 
 DEBIAN_FAMILY = ("debian-12", "debian-13", "ubuntu-22.04", "ubuntu-24.04")
 # Role -> its Debian/Ubuntu vars files' variables that name nothing inside a package (tables that other

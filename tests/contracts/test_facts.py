@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contractlib
 import pytest
-from conftest import note_reading
+from contractlib import note_reading
 
 FACTS = contractlib.load_facts()
 PROBED = [f for f in FACTS if f.probe]

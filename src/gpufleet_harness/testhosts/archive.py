@@ -178,23 +178,28 @@ def _parse_index(text: str) -> Iterator[dict[str, str]]:
 
 def packages(archive: Archive, suite: str, component: str, arch: str = "amd64") -> list[Stanza]:
     """Every binary package stanza of one suite/component/architecture, from its verified index."""
-    release = _verified_release(archive, suite)
-    digests = _release_sha256(release)
+    text = _verified_index(archive, suite, f"{component}/binary-{arch}/Packages", "idx")
+    return [Stanza(archive, suite, component, f) for f in _parse_index(text)]
+
+
+def _verified_index(archive: Archive, suite: str, stem: str, kind: str) -> str:
+    """The text of the index ``stem`` (``.xz`` or ``.gz``) of a suite, checked against the SHA256 its
+    gpgv-verified InRelease gives, and cached by that SHA256 (``kind``: the cache file's suffix)."""
+    digests = _release_sha256(_verified_release(archive, suite))
     for ext, decompress in ((".xz", lzma.decompress), (".gz", gzip.decompress)):
-        path = f"{component}/binary-{arch}/Packages{ext}"
+        path = stem + ext
         if path not in digests:
             continue
-        cached = _cache_dir() / f"{archive.name}-{digests[path]}.idx"
+        cached = _cache_dir() / f"{archive.name}-{digests[path]}.{kind}"
         if cached.exists():
-            text = cached.read_text()
-        else:
-            raw = _fetch(archive.url(f"dists/{suite}/{path}"))
-            if hashlib.sha256(raw).hexdigest() != digests[path]:
-                raise ArchiveError(f"{archive.name} {suite}/{path}: SHA256 differs from InRelease's")
-            text = decompress(raw).decode(errors="replace")
-            cached.write_text(text)
-        return [Stanza(archive, suite, component, f) for f in _parse_index(text)]
-    raise ArchiveError(f"{archive.name} {suite}: InRelease lists no {component}/binary-{arch}/Packages index")
+            return cached.read_text()
+        raw = _fetch(archive.url(f"dists/{suite}/{path}"))
+        if hashlib.sha256(raw).hexdigest() != digests[path]:
+            raise ArchiveError(f"{archive.name} {suite}/{path}: SHA256 differs from InRelease's")
+        text = decompress(raw).decode(errors="replace")
+        cached.write_text(text)
+        return text
+    raise ArchiveError(f"{archive.name} {suite}: InRelease lists no {stem} index")
 
 
 def versions(stanzas: list[Stanza], package: str) -> list[Stanza]:
@@ -280,22 +285,7 @@ def index_sha256(archive: Archive, suite: str, component: str, arch: str = "amd6
 def sources(archive: Archive, suite: str, component: str) -> list[dict[str, str]]:
     """Every source package stanza of one suite/component, from its `Sources` index checked against the
     suite's gpgv-verified InRelease (cached by that SHA256, as `packages` caches)."""
-    digests = _release_sha256(_verified_release(archive, suite))
-    for ext, decompress in ((".xz", lzma.decompress), (".gz", gzip.decompress)):
-        path = f"{component}/source/Sources{ext}"
-        if path not in digests:
-            continue
-        cached = _cache_dir() / f"{archive.name}-{digests[path]}.src"
-        if cached.exists():
-            text = cached.read_text()
-        else:
-            raw = _fetch(archive.url(f"dists/{suite}/{path}"))
-            if hashlib.sha256(raw).hexdigest() != digests[path]:
-                raise ArchiveError(f"{archive.name} {suite}/{path}: SHA256 differs from InRelease's")
-            text = decompress(raw).decode(errors="replace")
-            cached.write_text(text)
-        return list(_parse_index(text))
-    raise ArchiveError(f"{archive.name} {suite}: InRelease lists no {component}/source/Sources index")
+    return list(_parse_index(_verified_index(archive, suite, f"{component}/source/Sources", "src")))
 
 
 def build_architectures(source: dict[str, str]) -> dict[str, list[str]]:
