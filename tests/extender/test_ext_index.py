@@ -14,6 +14,7 @@ test replays such a history on one thread while others read under the state's lo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 from extender_builders import gpu, node, pod
 
-from gpufleet.extender.index import NodeFacts, NodeShape
+from gpufleet.extender.index import NodeFacts, NodeShape, Record
 from gpufleet.extender.index import record as index_record
 from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import Placement
@@ -175,23 +176,20 @@ def reference_prioritize(
     return scores
 
 
-def normalized_record(state: ClusterState, record: tuple[Any, ...]) -> tuple[Any, ...]:
+def normalized_record(state: ClusterState, record: Record) -> dict[str, Any]:
     """A record in plain, comparable data (signature ids resolved to the kinds they stand for)."""
-    facts = record[9]
+    facts = record.facts
     views = {mask: (v.free, v.total, v.pick, v.cap) for mask, v in facts.views.items()}
-    return (
-        record[0],
-        state.signatures.kinds[record[1]],
-        *record[2:9],
-        record[10],
-        record[11],
-        tuple(record[12]),
-        *record[13:],
-        facts.busy,
-        facts.idle_cap,
-        facts.shape.error,
-        views,
-    )
+    plain = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "facts"}
+    return {
+        **plain,
+        "sig": state.signatures.kinds[record.sig],
+        "sums": tuple(record.sums),
+        "busy": facts.busy,
+        "idle_cap": facts.idle_cap,
+        "error": facts.shape.error,
+        "views": views,
+    }
 
 
 def check_index(state: ClusterState) -> None:
@@ -205,8 +203,8 @@ def check_index(state: ClusterState) -> None:
             fresh = index_record(
                 shape, NodeFacts(shape, dict(entry.used)), entry.lock_expires, entry.lock_uid, entry.whole
             )
-            for mask in state.index[name][9].views:  # lazily built views too
-                fresh[9].view_for(mask)
+            for mask in state.index[name].facts.views:  # lazily built views too
+                fresh.facts.view_for(mask)
             assert normalized_record(state, state.index[name]) == normalized_record(state, fresh), name
 
 
@@ -779,13 +777,13 @@ def test_a_lock_change_reuses_the_gpu_parse_and_a_gpu_change_does_not() -> None:
     entry = state.entry("a")
     assert entry is not None and entry.info is not None
     assert entry.info.gpus is gpus and entry.shape is shape and entry.lock_uid == "uid-x"
-    assert state.index["a"][4] == START + 30
+    assert state.index["a"].lock_expires == START + 30
     changed = copy.deepcopy(locked)
     changed["metadata"]["resourceVersion"] = "3"
     changed["metadata"]["annotations"]["gpufleet.io/gpus"] = json.dumps([gpu(0, "GPU-a-0", healthy=False)])
     state.upsert_node(changed)
     assert entry.info is not None and entry.info.gpus is not gpus and entry.shape is not shape
-    assert state.index["a"][8] == 0  # no healthy GPU left
+    assert state.index["a"].n == 0  # no healthy GPU left
     assert state.maxima() == (0, 0)
 
 

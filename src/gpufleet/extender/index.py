@@ -1,7 +1,7 @@
 """Per-node facts filter and prioritize read, kept current on every cache change instead of per request.
 
 Every change to a node or to its ledger rebuilds that node's `NodeFacts` (a few microseconds, on the
-watch or bind thread), and `ClusterState.index` maps node name -> one flat `Record` tuple. A request then
+watch or bind thread), and `ClusterState.index` maps node name -> one `Record` (named slots). A request then
 costs one dict lookup and a few comparisons per candidate node, whatever its constraints:
 
 * a node's healthy GPUs fall into few *kinds* (model tokens, compute capability) and a node's kinds into
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.extender.model import NodeInfo
@@ -32,18 +33,34 @@ ERROR = 0  # its GPUs cannot be read (NodeInfo.gpu_error): unresolvable for any 
 SHARING = 1  # shares GPU memory (gpufleet.io/gpu-sharing=memory)
 WHOLE = 2  # offers whole GPUs only
 
-# A node's index record, one flat tuple read by position in the hot loops (each object a request touches
-# per node costs, at 5,000 nodes, more than the arithmetic; small ints and the shared 0.0 and "" are free):
-#   0 code, 1 signature id, 2 most free GiB on a healthy GPU (-1: none), 3 largest healthy GPU (-1: none),
-#   4 lock expiry (0.0: none), 5 lock holder UID, 6 whole GPUs held, 7 idle healthy GPUs,
-#   8 healthy GPUs (n), 9 NodeFacts, 10 View.pick, 11 NodeFacts.nums, 12 NodeFacts.sums,
-#   13 free GiB largest first, 14 total GiB largest first (9-14 over all healthy GPUs),
-#   15 whether all healthy GPUs are NVLinked to each other, 16 View.cap of all healthy GPUs,
-#   17 plain: shares memory, no whole-GPU pods, no bind-lock (live or not): only the GiB decide.
-Record = tuple[Any, ...]
-
 Kind = tuple[frozenset[str], tuple[int, int]]
 
+
+@dataclass(slots=True, eq=True)
+class Record:
+    """A node's index record: what filter and prioritize read of one node, rebuilt (`record`) whenever the
+    node or its ledger changes. Plain slots: in the hot loops, at 5,000 nodes, reading a field costs what
+    indexing a tuple does, and the fields have names."""
+
+    code: int  # ERROR, SHARING or WHOLE
+    sig: int  # signature id (Signatures): which kinds of GPU the node has
+    most_free: int  # most free GiB on a healthy GPU (-1: no healthy GPU)
+    largest: int  # largest healthy GPU in GiB (-1: none)
+    lock_expires: float  # bind-lock expiry (0.0: no lock)
+    lock_uid: str  # the lock holder's pod UID ("": none)
+    whole: int  # whole GPUs held by pods at positions unknown to the extender
+    idle: int  # healthy GPUs without any GiB in use
+    n: int  # healthy GPUs
+    facts: NodeFacts
+    # Over all healthy GPUs (the view of every kind):
+    pick: tuple[int, ...]  # View.pick
+    nums: tuple[int, ...]  # NodeFacts.nums
+    sums: array[float]  # NodeFacts.sums
+    free: tuple[int, ...]  # free GiB, largest first
+    total: tuple[int, ...]  # GiB per GPU, largest first
+    meshed: bool  # every pair of healthy GPUs NVLinked: every multi-GPU set is perfect
+    cap: tuple[int, int, int] | None  # View.cap
+    plain: bool  # shares memory, no whole-GPU pods, no bind-lock (live or not): only the GiB decide
 
 class View:
     """The GPUs of one node that qualify for some requests: their free/total GiB and pick orders."""
@@ -155,7 +172,7 @@ class NodeFacts:
         self.idle_cap = min((shape.caps[p] for p in idle), default=None)
         self.view = View(tuple(range(n)), free_p, shape)
         self.views: dict[int, View] = {shape.full: self.view}
-        # What requests of one shape (an int from scheduling._shape_id) came to on this node version:
+        # What requests of one shape (an int from ClusterState.shape_ids) came to on this node version:
         # `evaluate`'s verdicts for requests the index does not decide, prioritize's placement figures
         # for those it does. They die with this version of the node.
         self.memo: dict[int, Any] | None = None
@@ -200,6 +217,28 @@ class Signatures:
             sig = self.ids[kinds] = len(self.kinds)
             self.kinds.append(kinds)
         return sig
+
+
+class ShapeIds:
+    """Request shapes (and constraint modes) as small ints, so a node's memo finds a cached verdict by an int,
+    not by hashing nested tuples per node. One per ClusterState. Ids are never reused: forgetting the table
+    (at 4,096 shapes) only costs cache misses."""
+
+    __slots__ = ("_ids", "_next")
+
+    def __init__(self) -> None:
+        self._ids: dict[Any, int] = {}
+        self._next = 0
+
+    def id(self, shape: Any) -> int:
+        """The shape's id."""
+        found = self._ids.get(shape)
+        if found is None:
+            if len(self._ids) >= 4096:
+                self._ids.clear()
+            found = self._ids[shape] = self._next
+            self._next += 1
+        return found
 
 
 # RequestPlan.mode: every kind of the signature qualifies.
@@ -277,26 +316,26 @@ class RequestPlan:
 
 
 def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: str, whole: int) -> Record:
-    """A node's index record (layout above)."""
+    """A node's index record."""
     view = facts.view
     free, total = view.free, view.total
-    return (
-        shape.code,
-        shape.sig,
-        free[0] if free else -1,
-        total[0] if total else -1,
-        lock_expires,
-        lock_uid,
-        whole,
-        facts.idle,
-        shape.n,
-        facts,
-        view.pick,
-        facts.nums,
-        facts.sums,
-        free,
-        total,
-        shape.meshed,
-        view.cap,
-        shape.code == SHARING and not whole and not lock_uid,
+    return Record(
+        code=shape.code,
+        sig=shape.sig,
+        most_free=free[0] if free else -1,
+        largest=total[0] if total else -1,
+        lock_expires=lock_expires,
+        lock_uid=lock_uid,
+        whole=whole,
+        idle=facts.idle,
+        n=shape.n,
+        facts=facts,
+        pick=view.pick,
+        nums=facts.nums,
+        sums=facts.sums,
+        free=free,
+        total=total,
+        meshed=shape.meshed,
+        cap=view.cap,
+        plain=shape.code == SHARING and not whole and not lock_uid,
     )

@@ -10,7 +10,6 @@ verdicts reused per node version.
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +109,7 @@ def _judge(
     """
     req = plan.req
     shape = (tuple((c.gib, c.gpus) for c in req.mem), req.whole, req.most_capable, policy)
-    exact = _shape_id((shape, req.models, req.min_cc))
+    exact = state.shape_ids.id((shape, req.models, req.min_cc))
     by_mode: dict[int, int] = {}
     memory = req.kind == "mem"
     get = state.index.get
@@ -138,23 +137,23 @@ def _judge(
             out.append((name, outcome, "", *_lock_of(state.entry(name))))
             continue
         cache = None
-        if info is None and name != own_node and r[4] <= now:
-            facts = r[9]
-            mode = modes.get(r[1])
+        if info is None and name != own_node and r.lock_expires <= now:
+            facts = r.facts
+            mode = modes.get(r.sig)
             if mode is None:
-                mode = plan.mode(r[1])
+                mode = plan.mode(r.sig)
             key = exact
-            if memory and mode and r[8]:
+            if memory and mode and r.n:
                 key = by_mode.get(mode, -1)
                 if key < 0:
-                    key = by_mode[mode] = _shape_id((shape, mode))
+                    key = by_mode[mode] = state.shape_ids.id((shape, mode))
             cache = facts.memo
             if cache is None:
                 cache = facts.memo = {}
             else:
                 known = cache.get(key)
                 if known is not None:
-                    out.append((name, known, "", r[4], r[5]))
+                    out.append((name, known, "", r.lock_expires, r.lock_uid))
                     continue
         if info is None:
             entry = state.entry(name)
@@ -165,27 +164,12 @@ def _judge(
             if len(cache) >= _MEMO:
                 cache.clear()
             cache[key] = outcome
-        out.append((name, outcome, "", r[4], r[5]))
+        out.append((name, outcome, "", r.lock_expires, r.lock_uid))
     return out
 
 
 # Entries a node's memo keeps (request shapes); then it starts over.
 _MEMO = 16
-
-
-# Request shapes (and constraint modes) as small ints, so a cached verdict is found by an int, not by
-# hashing nested tuples per node. Ids are never reused: forgetting the table only costs cache misses.
-_SHAPE_IDS: dict[Any, int] = {}
-_NEXT_SHAPE_ID = itertools.count()
-
-
-def _shape_id(shape: Any) -> int:
-    found = _SHAPE_IDS.get(shape)
-    if found is None:
-        if len(_SHAPE_IDS) >= 4096:
-            _SHAPE_IDS.clear()
-        found = _SHAPE_IDS[shape] = next(_NEXT_SHAPE_ID)
-    return found
 
 
 def _lock_of(entry: NodeEntry | None) -> tuple[float, str]:
@@ -234,7 +218,7 @@ def _filter_mem(
 
     Mirrors placement._evaluate_mem: static misfit (unresolvable), then a live lock that blocks, then
     whole-GPU pods (both left to `evaluate` for their messages), then the fit against the ledger.
-    Records are read by position (layout in gpufleet.extender.index); nodes where only some GPUs meet
+    Records are gpufleet.extender.index.Record; nodes where only some GPUs meet
     the request's wishes are decided from their view (`_filter_view`).
     """
     get = state.index.get
@@ -253,45 +237,45 @@ def _filter_mem(
         if r is None or name == own:
             rest.append(name)
             continue
-        if r[17] and (unconstrained or r[1] in every):
+        if r.plain and (unconstrained or r.sig in every):
             # The common case: a memory-sharing node without lock or whole-GPU pods, every GPU
             # qualifying. The k-th most free GPU never has more than the k-th largest.
             if not last:
-                if r[2] >= share:
+                if r.most_free >= share:
                     fits.append(name)
-                elif r[3] >= share:
-                    failed[name] = short(r[2])
+                elif r.largest >= share:
+                    failed[name] = short(r.most_free)
                 else:
-                    unresolvable[name] = static(r[3])
-            elif r[8] > last and r[13][last] >= share:
+                    unresolvable[name] = static(r.largest)
+            elif r.n > last and r.free[last] >= share:
                 fits.append(name)
-            elif r[8] > last and r[14][last] >= share:
-                failed[name] = short(r[2])
+            elif r.n > last and r.total[last] >= share:
+                failed[name] = short(r.most_free)
             else:
-                unresolvable[name] = static(r[3])
+                unresolvable[name] = static(r.largest)
             continue
-        if r[0] != sharing:
-            unresolvable[name] = r[9].shape.error if r[0] == ERROR else NOT_SHARING
+        if r.code != sharing:
+            unresolvable[name] = r.facts.shape.error if r.code == ERROR else NOT_SHARING
             continue
-        if not unconstrained and r[1] not in every:
+        if not unconstrained and r.sig not in every:
             _filter_view(state, plan, name, r, now, out, rest)
             continue
         if last:  # several GPUs: the k-th most free and k-th largest
-            if r[8] <= last or r[14][last] < share:
-                unresolvable[name] = static(r[3])
+            if r.n <= last or r.total[last] < share:
+                unresolvable[name] = static(r.largest)
                 continue
-            kth_free = r[13][last]
-        elif r[3] < share:
-            unresolvable[name] = static(r[3])
+            kth_free = r.free[last]
+        elif r.largest < share:
+            unresolvable[name] = static(r.largest)
             continue
         else:
-            kth_free = r[2]
-        if r[6] or (r[4] > now and r[5] != uid and lock_blocks(name, r[5], r[4], uid, now)):
+            kth_free = r.most_free
+        if r.whole or (r.lock_expires > now and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)):
             rest.append(name)  # evaluate says why (whole-GPU pods, node busy)
         elif kth_free >= share:
             fits.append(name)
         else:
-            failed[name] = short(r[2])
+            failed[name] = short(r.most_free)
     return rest
 
 
@@ -305,16 +289,16 @@ def _filter_view(
     rest: list[str | Mapping[str, Any]],
 ) -> None:
     """`_filter_mem` for a node where only some of the GPUs (or none) meet the request's wishes."""
-    mode = plan.mode(r[1])
+    mode = plan.mode(r.sig)
     free: tuple[int, ...] = ()
     total: tuple[int, ...] = ()
     if mode:
-        view = r[9].view_for(mode)
+        view = r.facts.view_for(mode)
         free, total = view.free, view.total
     share, last, uid = plan.share, plan.count - 1, plan.req.uid
     if len(total) <= last or total[last] < share:
         out.unresolvable[name] = plan.static_misfit(total[0] if total else -1)
-    elif r[6] or (r[4] > now and r[5] != uid and state.lock_blocks(name, r[5], r[4], uid, now)):
+    elif r.whole or (r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)):
         rest.append(name)
     elif free[last] >= share:
         out.fits.append(name)
@@ -351,21 +335,21 @@ def _filter_containers(
     rest: list[str | Mapping[str, Any]] = []
     for name in names:
         r = get(name)
-        if r is None or name == own or r[0] != SHARING or r[6] or r[8] < cards:
+        if r is None or name == own or r.code != SHARING or r.whole or r.n < cards:
             rest.append(name)
             continue
-        mode = plan.mode(r[1]) if constrained else ALL
+        mode = plan.mode(r.sig) if constrained else ALL
         if mode == ALL:
-            free = r[13]
+            free = r.free
         elif mode:
-            free = r[9].view_for(mode).free
+            free = r.facts.view_for(mode).free
         else:
             rest.append(name)
             continue
         if (
             len(free) >= cards
             and free[cards - 1] >= largest
-            and not (r[4] > now and r[5] != uid and state.lock_blocks(name, r[5], r[4], uid, now))
+            and not (r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now))
         ):
             fits.append(name)
         else:
@@ -393,18 +377,18 @@ def _filter_whole(
         if r is None or name == own_node:
             rest.append(name)
             continue
-        code = r[0]
+        code = r.code
         if code != WHOLE:
-            unresolvable[name] = r[9].shape.error if code == ERROR else SHARES_MEMORY
+            unresolvable[name] = r.facts.shape.error if code == ERROR else SHARES_MEMORY
             continue
-        healthy = r[8]
+        healthy = r.n
         if healthy < wanted:
             unresolvable[name] = f"node has {healthy} healthy GPUs; the pod needs {wanted}"
             continue
         if constrained:
-            mode = plan.mode(r[1])
+            mode = plan.mode(r.sig)
             if mode != ALL:
-                misfits = healthy - (len(r[9].view_for(mode).total) if mode else 0)
+                misfits = healthy - (len(r.facts.view_for(mode).total) if mode else 0)
                 if misfits == healthy:
                     reason = f"no healthy GPU with {req.describe_constraints()}"
                 else:
@@ -414,7 +398,7 @@ def _filter_whole(
                     )
                 unresolvable[name] = reason
                 continue
-        available = r[7] - r[6]
+        available = r.idle - r.whole
         if available >= wanted:
             fits.append(name)
         else:
@@ -588,7 +572,7 @@ def _figures_mem(
     other (every set is then perfect). Fills `figures` with the utilisation after placement (one GPU,
     no "most capable": all the score needs) or `_Figures`. Returns the nodes only `evaluate` can place:
     unknown, the pod's own node, multi-GPU sets on other topologies, "most capable" among cards of
-    different capability. Records are read by position (layout in gpufleet.extender.index).
+    different capability.
     """
     get = state.index.get
     uid = plan.req.uid
@@ -606,63 +590,63 @@ def _figures_mem(
         if r is None or name == own_node:
             undecided.append(name)
             continue
-        if r[0] != SHARING or r[6]:
+        if r.code != SHARING or r.whole:
             continue  # unresolvable, or whole-GPU pods hold GPUs at unknown places: no placement
         mode = ALL
         if constrained:
-            known = modes.get(r[1])
-            mode = plan.mode(r[1]) if known is None else known
+            known = modes.get(r.sig)
+            mode = plan.mode(r.sig) if known is None else known
         # The k-th most free GPU never has more than the k-th largest: no static check needed.
         if mode == ALL:
-            k = r[8]
+            k = r.n
             if not last:
-                if r[2] < share:
+                if r.most_free < share:
                     continue
-            elif k <= last or r[13][last] < share:
+            elif k <= last or r.free[last] < share:
                 continue
-            pick = r[10]
+            pick = r.pick
         else:
             if not mode:
                 continue
-            view = r[9].view_for(mode)
+            view = r.facts.view_for(mode)
             free = view.free
             k = len(free)
             if k <= last or free[last] < share:
                 continue
             pick = view.pick
-        locked = r[4] > now and r[5] != uid
-        if locked and lock_blocks(name, r[5], r[4], uid, now):
+        locked = r.lock_expires > now and r.lock_uid != uid
+        if locked and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now):
             continue
-        n = r[8]
+        n = r.n
         if count == 1:
             p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
             # placement.utilization with `share` more on GPU p: the same terms summed in the same order.
-            nums, sums = r[11], r[12]
+            nums, sums = r.nums, r.sums
             x = (nums[p] + share) / nums[n + p]
             if x > 1.0:
                 x = 1.0
             util = sum(sums[p + 1 : n], sums[n + p] + x) / n
             if util > 1.0:
                 util = 1.0
-        elif r[15]:  # meshed
+        elif r.meshed:  # meshed
             if binpack:
                 first = k + bisect_left(pick, share, 0, k)
                 chosen = pick[first : first + count]
             else:
                 chosen = pick[2 * k : 2 * k + count]
-            util = r[9].util_after(chosen, share)
+            util = r.facts.util_after(chosen, share)
         else:
             undecided.append(name)
             continue
         if bare:
             figures[name] = util
         else:
-            capability = (r[9].view if mode == ALL else r[9].view_for(mode)).cap
+            capability = (r.facts.view if mode == ALL else r.facts.view_for(mode)).cap
             if capability is None:
                 if most:  # cards of different capability: choose_gpus orders by it first
                     undecided.append(name)
                     continue
-                capability = max(_NO_CAPABILITY, *map(r[9].shape.caps.__getitem__, chosen))
+                capability = max(_NO_CAPABILITY, *map(r.facts.shape.caps.__getitem__, chosen))
             figures[name] = (util, 1.0, capability)
         if locked:
             handing_off.add(name)
@@ -696,7 +680,7 @@ def _figures_one(
     own = own_node or ""
     # The figures depend on the node version and these alone (every GPU qualifies here, whatever the
     # wish): kept in the node's memo, a burst of similar pods computes them once per node change.
-    key = _shape_id(("figures", share, count, binpack, most))
+    key = state.shape_ids.id(("figures", share, count, binpack, most))
     others: list[str] = []
     # A card with room takes at most all of its memory, so neither its term (used + share) / memory nor
     # the mean of terms <= 1 exceeds 1: placement.utilization's min(1.0, ...) never changes them here.
@@ -705,48 +689,48 @@ def _figures_one(
         if r is None or name == own:
             undecided.append(name)
             continue
-        if r[0] != sharing or r[6] or r[2] < share:
+        if r.code != sharing or r.whole or r.most_free < share:
             continue  # no placement: not memory sharing, whole-GPU pods, no GPU with room
-        if r[4] > now or (every is not None and r[1] not in every) or (most and r[16] is None):
+        if r.lock_expires > now or (every is not None and r.sig not in every) or (most and r.cap is None):
             others.append(name)
             continue
-        memo = r[9].memo
+        memo = r.facts.memo
         if memo is None:
-            memo = r[9].memo = {}
+            memo = r.facts.memo = {}
         else:
             known = memo.get(key)
             if known is not None:
                 figures[name] = known
                 continue
         if not last:
-            k = r[8]
-            pick = r[10]
+            k = r.n
+            pick = r.pick
             p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
             # placement.utilization with `share` more on GPU p: the same terms summed in the same order.
-            nums = r[11]
-            sums = r[12]
+            nums = r.nums
+            sums = r.sums
             util = sum(sums[p + 1 : k], sums[k + p] + (nums[p] + share) / nums[k + p]) / k
-            figure: Any = util if bare else (util, 1.0, r[16])
-        elif r[8] <= last or r[13][last] < share:
+            figure: Any = util if bare else (util, 1.0, r.cap)
+        elif r.n <= last or r.free[last] < share:
             continue
-        elif not r[15]:
+        elif not r.meshed:
             others.append(name)  # not NVLinked throughout: choose_gpus weighs the links
             continue
         else:
-            k = r[8]
-            pick = r[10]
+            k = r.n
+            pick = r.pick
             if binpack:
                 first = k + bisect_left(pick, share, 0, k)
                 chosen = pick[first : first + count]
             else:
                 chosen = pick[2 * k : 2 * k + count]
-            nums = r[11]
-            terms = r[12][:k].tolist()
+            nums = r.nums
+            terms = r.sums[:k].tolist()
             for p in chosen:
                 terms[p] = (nums[p] + share) / nums[k + p]
-            capability = r[16]  # the cards' common capability, if they have one
+            capability = r.cap  # the cards' common capability, if they have one
             if capability is None:
-                capability = max(_NO_CAPABILITY, *map(r[9].shape.caps.__getitem__, chosen))
+                capability = max(_NO_CAPABILITY, *map(r.facts.shape.caps.__getitem__, chosen))
             figure = (sum(terms) / k, 1.0, capability)
         if len(memo) >= _MEMO:
             memo.clear()
@@ -775,21 +759,21 @@ def _figures_whole(
         if r is None or name == own_node:
             undecided.append(name)
             continue
-        if r[0] != WHOLE or r[8] < wanted or r[7] - r[6] < wanted:
+        if r.code != WHOLE or r.n < wanted or r.idle - r.whole < wanted:
             continue
-        if constrained and plan.mode(r[1]) != ALL:
+        if constrained and plan.mode(r.sig) != ALL:
             continue
-        if wanted > 1 and not r[15]:
+        if wanted > 1 and not r.meshed:
             undecided.append(name)
             continue
-        facts = r[9]
-        util = facts.utilization(r[6] + wanted)
+        facts = r.facts
+        util = facts.utilization(r.whole + wanted)
         if bare:
             figures[name] = util
         else:
             capability = facts.idle_cap if facts.idle_cap is not None else _NO_CAPABILITY
             figures[name] = (util, 1.0, capability)
-        if r[4] > now and r[5] != uid:
+        if r.lock_expires > now and r.lock_uid != uid:
             handing_off.add(name)
     return undecided
 

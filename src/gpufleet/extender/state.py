@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.extender.index import NodeFacts, NodeShape, Record, Signatures
+from gpufleet.extender.index import NodeFacts, NodeShape, Record, ShapeIds, Signatures
 from gpufleet.extender.index import record as index_record
 from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import Placement, Verdict, evaluate
@@ -247,6 +247,8 @@ class ClusterState:
         # filter and prioritize read per candidate (see gpufleet.extender.index).
         self.index: dict[str, Record] = {}
         self.signatures = Signatures()
+        # Request shapes as small ints, for the nodes' memos (gpufleet.extender.index.ShapeIds).
+        self.shape_ids = ShapeIds()
         # How many known nodes have each largest healthy GPU (GiB) and each healthy GPU count: the
         # cluster-wide maxima the filter names for requests no node could ever take.
         self._largest: dict[int, int] = {}
