@@ -91,6 +91,15 @@ def test_impossible_requests(size: int, must: list[str], message: str) -> None:
         preferred_allocation(GPU, inv, u, [m.format(*u) for m in must], size)
 
 
+def test_must_include_id_that_names_no_gpu_is_refused_not_dropped() -> None:
+    """Found by tests/fuzz: a replica-style ID offered and required in whole-GPU mode was silently dropped,
+    and the answer (the plain UUID) was neither the required device nor one the kubelet offered."""
+    inv = make_inventory(2)
+    odd = inv.gpus[0].uuid + "::9"
+    with pytest.raises(PreferenceError, match="not GPUs of this node: " + odd):
+        preferred_allocation(GPU, inv, [odd, inv.gpus[0].uuid], [odd], 1)
+
+
 def test_unknown_available_ids_are_never_chosen() -> None:
     inv = make_inventory(2)
     u = [g.uuid for g in inv.gpus]

@@ -72,6 +72,11 @@ def _sum(values: Iterable[Affinity]) -> Affinity:
 def choose_gpus(inv: NodeInventory, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
     """Pick `size` GPU UUIDs from `available` (which includes `must`), best-connected first."""
     by_uuid = inv.by_uuid()
+    # An ID that names no GPU of this node cannot be honoured (and must not be dropped: the answer would
+    # then lack a device the kubelet said it has to include).
+    unknown = [u for u in must if u not in by_uuid]
+    if unknown:
+        raise PreferenceError(f"must-include devices are not GPUs of this node: {', '.join(unknown)}")
     gpus = sorted((by_uuid[u] for u in set(available) if u in by_uuid), key=lambda g: g.index)
     pos = {g.uuid: i for i, g in enumerate(gpus)}
     forced = sorted({pos[u] for u in must if u in pos})
