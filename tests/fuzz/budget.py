@@ -19,10 +19,15 @@ from hypothesis import HealthCheck, settings
 
 WORST_CASE_BUDGET_S = 1.0  # CPU seconds per worst-case input; capped parsers need milliseconds
 
+# The test command's runs draw the same examples every time (a CI run must not fail by the luck of the
+# draw); GPUFLEET_FUZZ_EXPLORE=1 draws new ones each run, to look for bugs (docs/testing.md).
+EXPLORE = bool(os.environ.get("GPUFLEET_FUZZ_EXPLORE"))
+
 FUZZ = settings(
     max_examples=100,
     deadline=None,
     database=None,
+    derandomize=not EXPLORE,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 """Settings for every property test of this folder."""
