@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.extender.model import NodeInfo
-from gpufleet.extender.placement import link, needs, shortfall
+from gpufleet.extender.placement import gpu_busy, link, needs, node_utilization, shortfall
 from gpufleet.extender.request import GpuRequest
 
 # Record codes: what kind of node it is.
@@ -161,7 +161,7 @@ class NodeFacts:
         used_p = tuple(used.get(u, 0) for u in shape.uuids)
         self.nums = used_p + mem
         self.free_p = free_p = tuple(m - u for m, u in zip(mem, used_p, strict=True))
-        terms = tuple(min(1.0, u / m) if m else 1.0 for m, u in zip(mem, used_p, strict=True))
+        terms = tuple(gpu_busy(u, m) for m, u in zip(mem, used_p, strict=True))
         prefix: list[float] = [0]
         for term in terms:
             prefix.append(prefix[-1] + term)
@@ -189,18 +189,21 @@ class NodeFacts:
 
     def utilization(self, whole: int) -> float:
         """placement.utilization for this ledger and `whole` GPUs held at unknown positions."""
-        if not self.n:
-            return 0.0
-        return min(1.0, (self.busy + whole) / self.n)
+        return node_utilization(self.busy, whole, self.n)
 
     def util_after(self, positions: Sequence[int], share: int) -> float:
         """placement.utilization after `share` GiB more on each of `positions` (no whole GPUs held)."""
         n, nums = self.n, self.nums
         terms = list(self.sums[:n])
         for p in positions:
-            m = nums[n + p]
-            terms[p] = min(1.0, (nums[p] + share) / m) if m else 1.0
-        return min(1.0, sum(terms) / n)
+            terms[p] = gpu_busy(nums[p] + share, nums[n + p])
+        return node_utilization(sum(terms), 0, n)
+
+    def util_one(self, p: int, share: int) -> float:
+        """`util_after((p,), share)` from the prefix sums: the same terms, summed in the same order."""
+        n, nums, sums = self.n, self.nums, self.sums
+        busy = sum(sums[p + 1 : n], sums[n + p] + gpu_busy(nums[p] + share, nums[n + p]))
+        return node_utilization(busy, 0, n)
 
 
 class Signatures:

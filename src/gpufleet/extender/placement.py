@@ -119,13 +119,23 @@ def qualifying(info: NodeInfo, req: GpuRequest) -> Sequence[Gpu]:
     return [g for g in info.healthy if req.gpu_qualifies(g.tokens, g.cc)]
 
 
+def gpu_busy(used: int, memory: int) -> float:
+    """How busy one GPU is, in [0, 1]: the share of its memory in use (a GPU without memory counts as busy).
+    The one definition; gpufleet.extender.index keeps these per GPU for the fast path."""
+    return min(1.0, used / memory) if memory else 1.0
+
+
+def node_utilization(busy: float, whole_held: int, healthy: int) -> float:
+    """Share of a node's healthy GPU capacity in use, in [0, 1]: the GPUs' `gpu_busy` figures summed
+    (`busy`) plus the whole GPUs held, over the healthy GPUs; each GPU counts equally."""
+    return min(1.0, (busy + whole_held) / healthy) if healthy else 0.0
+
+
 def utilization(info: NodeInfo, used: Mapping[str, int], whole_held: int) -> float:
-    """Share of the node's healthy GPU capacity in use, in [0, 1]; each GPU counts equally."""
+    """`node_utilization` of the node with this ledger and `whole_held` GPUs held at unknown positions."""
     healthy = info.healthy
-    if not healthy:
-        return 0.0
-    busy = sum(min(1.0, used.get(g.uuid, 0) / g.memory_gib) if g.memory_gib else 1.0 for g in healthy)
-    return min(1.0, (busy + whole_held) / len(healthy))
+    busy = sum(gpu_busy(used.get(g.uuid, 0), g.memory_gib) for g in healthy)
+    return node_utilization(busy, whole_held, len(healthy))
 
 
 def _place_containers(

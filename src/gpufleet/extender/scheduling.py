@@ -617,17 +617,9 @@ def _figures_mem(
         locked = r.lock_expires > now and r.lock_uid != uid
         if locked and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now):
             continue
-        n = r.n
         if count == 1:
             p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
-            # placement.utilization with `share` more on GPU p: the same terms summed in the same order.
-            nums, sums = r.nums, r.sums
-            x = (nums[p] + share) / nums[n + p]
-            if x > 1.0:
-                x = 1.0
-            util = sum(sums[p + 1 : n], sums[n + p] + x) / n
-            if util > 1.0:
-                util = 1.0
+            util = r.facts.util_one(p, share)
         elif r.meshed:  # meshed
             if binpack:
                 first = k + bisect_left(pick, share, 0, k)
@@ -682,8 +674,6 @@ def _figures_one(
     # wish): kept in the node's memo, a burst of similar pods computes them once per node change.
     key = state.shape_ids.id(("figures", share, count, binpack, most))
     others: list[str] = []
-    # A card with room takes at most all of its memory, so neither its term (used + share) / memory nor
-    # the mean of terms <= 1 exceeds 1: placement.utilization's min(1.0, ...) never changes them here.
     for name in names:
         r = get(name)
         if r is None or name == own:
@@ -706,10 +696,7 @@ def _figures_one(
             k = r.n
             pick = r.pick
             p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
-            # placement.utilization with `share` more on GPU p: the same terms summed in the same order.
-            nums = r.nums
-            sums = r.sums
-            util = sum(sums[p + 1 : k], sums[k + p] + (nums[p] + share) / nums[k + p]) / k
+            util = r.facts.util_one(p, share)
             figure: Any = util if bare else (util, 1.0, r.cap)
         elif r.n <= last or r.free[last] < share:
             continue
@@ -724,14 +711,10 @@ def _figures_one(
                 chosen = pick[first : first + count]
             else:
                 chosen = pick[2 * k : 2 * k + count]
-            nums = r.nums
-            terms = r.sums[:k].tolist()
-            for p in chosen:
-                terms[p] = (nums[p] + share) / nums[k + p]
             capability = r.cap  # the cards' common capability, if they have one
             if capability is None:
                 capability = max(_NO_CAPABILITY, *map(r.facts.shape.caps.__getitem__, chosen))
-            figure = (sum(terms) / k, 1.0, capability)
+            figure = (r.facts.util_after(chosen, share), 1.0, capability)
         if len(memo) >= _MEMO:
             memo.clear()
         memo[key] = figures[name] = figure
