@@ -511,28 +511,12 @@ def _composite(util: float, topology: float, rank: float, binpack: bool, multi: 
 
 
 def _composites(figures: dict[str, Any], binpack: bool, multi: bool, most: bool) -> dict[str, float]:
-    """`_composite` for every fitting node at once, the same operations in the same order, inline."""
-    wp, wt, wc = _W_POLICY, _W_TOPOLOGY, _W_CAPABILITY
-    weight = wp
-    if multi:
-        weight += wt
-    if most:
-        weight += wc
-        levels = {f[2] for f in figures.values()}
-        if len(levels) > 1:
-            ranks = _capability_rank({n: f[2] for n, f in figures.items()})
-            return {n: _composite(u, t, ranks[n], binpack, multi, True) for n, (u, t, _) in figures.items()}
-        # One level: every rank is 1.0.
-        if multi:
-            if binpack:
-                return {n: (wp * u + wt * t + wc * 1.0) / weight for n, (u, t, _) in figures.items()}
-            return {n: (wp * (1.0 - u) + wt * t + wc * 1.0) / weight for n, (u, t, _) in figures.items()}
-        if binpack:
-            return {n: (wp * u + wc * 1.0) / weight for n, (u, _, _) in figures.items()}
-        return {n: (wp * (1.0 - u) + wc * 1.0) / weight for n, (u, _, _) in figures.items()}
-    if binpack:
-        return {n: (wp * u + wt * t) / weight for n, (u, t, _) in figures.items()}
-    return {n: (wp * (1.0 - u) + wt * t) / weight for n, (u, t, _) in figures.items()}
+    """`_composite` for every fitting node (capability ranks worked out once: all 1.0 on one level)."""
+    ranks: dict[str, float] = {}
+    if most and len({f[2] for f in figures.values()}) > 1:
+        ranks = _capability_rank({n: f[2] for n, f in figures.items()})
+    rank = ranks.get
+    return {n: _composite(u, t, rank(n, 1.0), binpack, multi, most) for n, (u, t, _) in figures.items()}
 
 
 def _wish_not_better(figures: dict[str, Any], handing_off: set[str], multi: bool, most: bool) -> set[str]:
