@@ -29,18 +29,16 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
 
 from gpufleet_harness.cluster import pki
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.node import KubeletNode, remove_node_leftovers
 from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_ok, wait_for
-
-if TYPE_CHECKING:
-    from gpufleet_harness.cluster.node import KubeletNode
+from gpufleet_harness.cluster.taints import remove_taint
 
 log = logging.getLogger(__name__)
 
@@ -302,32 +300,6 @@ def create_fake_node(
     return core.read_node(name)
 
 
-def remove_taint(core: k8s.CoreV1Api, node: str, key: str) -> bool:
-    """Remove every taint with ``key`` from ``node``; True if one was there."""
-    for _ in range(5):
-        current = core.read_node(node)
-        taints = (current.spec.taints or []) if current.spec else []
-        keep = [t for t in taints if t.key != key]
-        if len(keep) == len(taints):
-            return False
-        version = current.metadata.resource_version if current.metadata else None
-        patch: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            {
-                "op": "replace",
-                "path": "/spec/taints",
-                "value": k8s.ApiClient().sanitize_for_serialization(keep),
-            },
-        ]
-        try:
-            core.patch_node(node, patch)
-            return True
-        except ApiException as err:
-            if err.status not in (409, 422):
-                raise
-    raise LabError(f"could not remove taint {key} from node {node}: kept conflicting")
-
-
 def scheduler_config(
     extenders: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
     *,
@@ -485,7 +457,6 @@ class Lab:
         self, name: str = "lab-node", labels: Mapping[str, str] | None = None
     ) -> KubeletNode:
         """A real kubelet + dockerd node in private namespaces; Ready and untainted on return."""
-        from gpufleet_harness.cluster.node import KubeletNode
 
         node = KubeletNode(self, self._require_cp(), name, index=len(self.nodes), labels=labels)
         self.nodes.append(node)
@@ -519,7 +490,6 @@ def _start_time(pid: int) -> str | None:
 
 def reap_stale_labs(base: Path) -> list[Path]:
     """Remove lab directories (and their cgroups and veths) whose owning process is gone."""
-    from gpufleet_harness.cluster.node import remove_node_leftovers
 
     removed = []
     for lab_dir in base.glob(f"{LAB_PREFIX}*"):

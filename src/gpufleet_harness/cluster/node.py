@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 from kubernetes import client as k8s
 
 from gpufleet_harness.cluster import oci_runtime
-from gpufleet_harness.cluster.cluster import remove_taint
 from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_ok, run, wait_for
+from gpufleet_harness.cluster.taints import remove_taint
 
 if TYPE_CHECKING:
     from gpufleet_harness.cluster.cluster import ControlPlane, Lab
