@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -326,6 +328,24 @@ def _role_uses(fact: Fact) -> tuple[bool, str]:
         return str(fact.value) in path.read_text(), where
     rendered = RoleVars(fact.role, DISTRIBUTIONS[fact.distribution], fact.overrides).get(variable)
     return str(fact.value) in flatten(rendered), repr(rendered)
+
+
+def run_play(
+    playbook: Path, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook PLAYBOOK on localhost, with this venv's Python, the checkout's roles and plain
+    output; `env` adds to the environment (a collections path, a PATH with stand-in binaries)."""
+    environ = {
+        **os.environ,
+        "ANSIBLE_ROLES_PATH": str(ROLES),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "0",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
+        **(env or {}),
+    }
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
+            "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, env=environ, cwd=cwd, check=False)
 
 
 # How real artifacts were read this session ("downloaded", "live" Ubuntu, or Ubuntu "fixture"); the

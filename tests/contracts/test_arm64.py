@@ -10,9 +10,6 @@ when it answers, else fixtures/arm64-ubuntu.json (`python tests/contracts/refres
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -212,29 +209,8 @@ def play(tmp_path: Path, facts: dict[str, str], role: str, tasks_from: str, **va
     collection = tmp_path / "collections/ansible_collections/gpufleet/nvidia"
     collection.parent.mkdir(parents=True)
     collection.symlink_to(REPO, target_is_directory=True)
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections"),
-        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-    }
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(playbook),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    collections = {"ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections")}
+    proc = contractlib.run_play(playbook, tmp_path, collections)
     assert proc.returncode != 0, proc.stdout[-2000:]
     return proc.stdout
 

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contractlib
 from contractlib import REPO, real, role_says, validate_entry
 from labstack import ensure_collection_link
 
@@ -513,32 +514,10 @@ def test_crio_drop_in_through_the_role_is_complete_and_stable(tmp_path: Path) ->
             ]
         )
     )
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-    }
-    ansible = str(Path(sys.executable).parent / "ansible-playbook")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def converge() -> str:
-        proc = subprocess.run(
-            [
-                ansible,
-                "-i",
-                "localhost,",
-                "-e",
-                f"ansible_python_interpreter={sys.executable}",
-                str(playbook),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            check=False,
-        )
+        proc = contractlib.run_play(playbook, tmp_path, env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         return proc.stdout
 
