@@ -511,10 +511,8 @@ def _composite(util: float, topology: float, rank: float, binpack: bool, multi: 
 
 
 def _composites(figures: dict[str, Any], binpack: bool, multi: bool, most: bool) -> dict[str, float]:
-    """`_composite` for every fitting node (capability ranks worked out once: all 1.0 on one level)."""
-    ranks: dict[str, float] = {}
-    if most and len({f[2] for f in figures.values()}) > 1:
-        ranks = _capability_rank({n: f[2] for n, f in figures.items()})
+    """`_composite` for every fitting node, the capability ranks worked out once."""
+    ranks = _capability_rank({n: f[2] for n, f in figures.items()}) if most else {}
     rank = ranks.get
     return {n: _composite(u, t, rank(n, 1.0), binpack, multi, most) for n, (u, t, _) in figures.items()}
 
