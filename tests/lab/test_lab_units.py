@@ -67,7 +67,7 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     )  # fmt: skip
     hostvars = json.loads(out.stdout)
     assert hostvars["ansible_host"] == "gpufleet-u1-dgx-a100"
-    assert hostvars["ansible_connection"] == "containers.podman.podman"
+    assert hostvars["ansible_connection"] == "gpufleet.nvidia.podman"
     assert hostvars["gpufleet_lab"]["repo_url"] == "http://10.0.2.2:8080"
     assert "gpufleet_target" not in hostvars  # plays pick hosts before group_vars apply: never set it there
 
