@@ -91,6 +91,26 @@ def test_ubuntu_scenarios_are_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert molecule.selected_scenarios(tmp_path) == ["debian_two", "on_ubuntu"]
 
 
+def test_a_scenario_marked_slow_is_opt_in_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scenario(tmp_path, "quick", "bookworm")
+    _scenario(tmp_path, "slow", "bookworm")
+    _scenario(tmp_path, "mentions", "bookworm")
+    slow = tmp_path / "molecule/slow/molecule.yml"
+    marked = "---\n# gpufleet-opt-in: two hosts rebooted for real\n"
+    slow.write_text(marked + slow.read_text().removeprefix("---\n"))
+    mentions = tmp_path / "molecule/mentions/molecule.yml"
+    mentions.write_text(mentions.read_text() + "    # not a gpufleet-opt-in: line at the start\n")
+    monkeypatch.delenv("GPUFLEET_MOLECULE_SCENARIOS", raising=False)
+    assert molecule.opt_in_reason("slow", tmp_path) == "two hosts rebooted for real"
+    assert molecule.opt_in_reason("quick", tmp_path) is None
+    assert molecule.selected_scenarios(tmp_path) == ["mentions", "quick"]
+    assert molecule.opt_in_scenarios(tmp_path) == ["slow"]
+    monkeypatch.setenv("GPUFLEET_MOLECULE_SCENARIOS", "slow")
+    assert molecule.selected_scenarios(tmp_path) == ["slow"]
+
+
 def test_named_ubuntu_scenario_fails_naming_the_archive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,6 +135,9 @@ def test_project_ubuntu_scenario_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> N
     assert "nvidia_driver_ubuntu" in molecule.opt_in_scenarios()
     assert "nvidia_driver_ubuntu" not in molecule.selected_scenarios()
     assert "nvidia_driver" in molecule.selected_scenarios()
+    # too slow for every run; docs/roles.md records its last run
+    assert "nvidia_driver_upgrade" in molecule.opt_in_scenarios()
+    assert molecule.opt_in_reason("nvidia_driver_upgrade")
 
 
 def test_apt_mirror_read_from_deb822_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

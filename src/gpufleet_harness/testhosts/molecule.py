@@ -8,7 +8,8 @@ bridges included) stays private.
 
 Scenarios whose hosts run Ubuntu are opt-in: CI may reach Debian's archives only, so they are not in the
 default set and run only when named (GPUFLEET_MOLECULE_SCENARIOS, ``-s``); named while Ubuntu's archive
-does not answer, the run fails before anything is built, naming the archive.
+does not answer, the run fails before anything is built, naming the archive. A scenario too slow for every
+run says so in its molecule.yml (``# gpufleet-opt-in: <why>``) and is opt-in too.
 """
 
 from __future__ import annotations
@@ -61,9 +62,24 @@ def all_scenarios(project: Path = PROJECT) -> list[str]:
     return sorted(p.parent.name for p in (project / "molecule").glob("*/molecule.yml"))
 
 
+# A molecule.yml line ``# gpufleet-opt-in: <why>``: a scenario too slow for every run of the test command
+# (its budget: under 60 minutes cold on two cores). Its last run belongs in docs/roles.md's scenario table.
+_OPT_IN_LINE = re.compile(r"^# gpufleet-opt-in: *(\S.*)$", re.MULTILINE)
+
+
+def opt_in_reason(scenario: str, project: Path = PROJECT) -> str | None:
+    """Why the scenario runs only when named, or None when it is in the default set: a host of it runs Ubuntu
+    (an archive CI may not reach), or its molecule.yml says ``# gpufleet-opt-in: <why>``."""
+    ubuntu = [suite for suite in scenario_suites(scenario, project) if is_ubuntu(suite)]
+    if ubuntu:
+        return f"Ubuntu test hosts ({', '.join(ubuntu)}): CI may reach Debian's archives only"
+    found = _OPT_IN_LINE.search((project / "molecule" / scenario / "molecule.yml").read_text())
+    return found.group(1).strip() if found else None
+
+
 def opt_in(scenario: str, project: Path = PROJECT) -> bool:
-    """Whether the scenario runs only when named: a host of it runs Ubuntu (an archive CI may not reach)."""
-    return any(is_ubuntu(suite) for suite in scenario_suites(scenario, project))
+    """Whether the scenario runs only when named (``opt_in_reason``)."""
+    return opt_in_reason(scenario, project) is not None
 
 
 def scenarios(project: Path = PROJECT) -> list[str]:
@@ -72,7 +88,7 @@ def scenarios(project: Path = PROJECT) -> list[str]:
 
 
 def opt_in_scenarios(project: Path = PROJECT) -> list[str]:
-    """Scenarios that run only when named (Ubuntu hosts)."""
+    """Scenarios that run only when named (Ubuntu hosts, or too slow for every run)."""
     return [name for name in all_scenarios(project) if opt_in(name, project)]
 
 
