@@ -10,7 +10,6 @@ them are reported at once.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import reprlib
@@ -22,6 +21,7 @@ from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
 from gpufleet.deviceplugin.rm.devices import ResourceKind, ResourceSpec
 from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS
 from gpufleet.handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet.layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
 from gpufleet.yamlfile import YamlFileError, read_yaml
 
 CONFIG_VERSION = "v1"
@@ -31,8 +31,6 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 MAX_CONFIG_BYTES = 16 * 1024  # every setting with comments fits in 4 KiB; more is not a config file
 MAX_INTERVAL_S = 86_400.0  # a day: longer is a typo, and thread waits overflow on huge timeouts
 MAX_LABEL_PREFIX = 253  # a label key's prefix is a DNS subdomain, at most 253 characters
-_INT_TEXT = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
-_FLOAT_TEXT_MAX = 32  # characters; a number of seconds needs a handful
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -96,75 +94,19 @@ class Config:
 
 
 # ----- parsers: raw value (YAML scalar or string from flag/env) -> typed value, ValueError on bad input --
-# Messages show values with reprlib: a YAML alias bomb is small as a file and endless as a repr.
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str | int | float) or isinstance(v, bool):
-        raise ValueError(f"expected a string, got {type(v).__name__}")
-    return str(v)
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in {"true", "1", "yes", "on", "false", "0", "no", "off"}:
-        return v.lower() in {"true", "1", "yes", "on"}
-    raise ValueError(f"expected true or false, got {reprlib.repr(v)}")
-
-
-def _int(lo: int, hi: int) -> Callable[[Any], int]:
-    def parse(v: Any) -> int:
-        if (isinstance(v, str) and _INT_TEXT.fullmatch(v)) or (isinstance(v, float) and v.is_integer()):
-            v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(f"expected an integer, got {reprlib.repr(v)}")
-        if not lo <= v <= hi:
-            raise ValueError(f"expected an integer in [{lo}, {hi}], got {reprlib.repr(v)}")
-        return v
-
-    return parse
-
-
-def _interval(v: Any) -> float:
-    """Seconds: a finite number > 0 and at most :data:`MAX_INTERVAL_S`."""
-    x = math.nan
-    if (isinstance(v, int | float) and not isinstance(v, bool)) or (
-        isinstance(v, str) and len(v) <= _FLOAT_TEXT_MAX
-    ):
-        try:
-            x = float(v)
-        except OverflowError:  # an int beyond the float range
-            x = math.inf
-        except ValueError:
-            pass
-    if not x > 0:  # NaN too
-        raise ValueError(f"expected a number > 0, got {reprlib.repr(v)}")
-    if not x <= MAX_INTERVAL_S:
-        raise ValueError(
-            f"expected a number > 0 and at most {MAX_INTERVAL_S:g} seconds, got {reprlib.repr(v)}"
-        )
-    return x
-
-
-def _choice(*options: str) -> Callable[[Any], str]:
-    def parse(v: Any) -> str:
-        if not isinstance(v, str) or v not in options:
-            raise ValueError(f"expected one of {', '.join(options)}, got {reprlib.repr(v)}")
-        return v
-
-    return parse
+# The scalar ones are gpufleet.layered's, shared with the extender; these are the device plugin's own.
+_interval = seconds(MAX_INTERVAL_S)
 
 
 def _xids(v: Any) -> tuple[int, ...]:
     items = [p for p in v.replace(" ", ",").split(",") if p] if isinstance(v, str) else v
     if not isinstance(items, list):
         raise ValueError(f"expected a list of XID numbers, got {reprlib.repr(v)}")
-    return tuple(sorted({_int(1, 1 << 16)(x) for x in items}))
+    return tuple(sorted({int_in(1, 1 << 16)(x) for x in items}))
 
 
 def _resource_name(v: Any) -> str:
-    name = _str(v)
+    name = as_str(v)
     domain, _, short = name.partition("/")
     if not domain or not short or "." not in domain or "/" in short:
         raise ValueError(
@@ -174,14 +116,14 @@ def _resource_name(v: Any) -> str:
 
 
 def _label_prefix(v: Any) -> str:
-    prefix = _str(v)
+    prefix = as_str(v)
     if len(prefix) > MAX_LABEL_PREFIX or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise ValueError(f"expected a DNS subdomain like gpufleet.io, got {reprlib.repr(v)}")
     return prefix
 
 
 def _abs_path(v: Any) -> str:
-    path = _str(v)
+    path = as_str(v)
     if not path.startswith("/") or "\0" in path:
         raise ValueError(f"expected an absolute path, got {reprlib.repr(v)}")
     return path
@@ -207,7 +149,7 @@ def _mounts(v: Any) -> tuple[MountSpec, ...]:
             )
         host = _abs_path(item["host_path"])
         out.append(
-            MountSpec(host, _abs_path(item.get("container_path", host)), _bool(item.get("read_only", True)))
+            MountSpec(host, _abs_path(item.get("container_path", host)), as_bool(item.get("read_only", True)))
         )
     return tuple(out)
 
@@ -236,36 +178,36 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("node_name", _str, ("NODE_NAME",), help="this node's name (labels, GPU-memory hand-off)"),
+    Setting("node_name", as_str, ("NODE_NAME",), help="this node's name (labels, GPU-memory hand-off)"),
     Setting("socket_dir", _abs_path, help="directory holding kubelet.sock and the plugin's socket"),
     Setting("host_root", _abs_path, ("GPUFLEET_HOST_ROOT",), help="where the host's /dev is visible"),
     Setting("resource_name", _resource_name, help="resource for whole GPUs"),
-    Setting("nvml.on_init_failure", _choice("retry", "fail"), help="NVML unusable at start: retry or exit"),
+    Setting("nvml.on_init_failure", choice("retry", "fail"), help="NVML unusable at start: retry or exit"),
     Setting("nvml.retry_interval", _interval, help="seconds between NVML retries"),
-    Setting("health.enabled", _bool, help="watch XID/ECC events and probe GPUs"),
+    Setting("health.enabled", as_bool, help="watch XID/ECC events and probe GPUs"),
     Setting("health.ignored_xids", _xids, help="XIDs that never make a GPU unhealthy (comma-separated)"),
     Setting("health.probe_interval", _interval, help="seconds between lost/recovered probes"),
-    Setting("allocate.device_id_strategy", _choice("uuid", "index"), help="NVIDIA_VISIBLE_DEVICES form"),
-    Setting("allocate.pass_device_specs", _bool, help="return /dev/nvidia* device specs"),
+    Setting("allocate.device_id_strategy", choice("uuid", "index"), help="NVIDIA_VISIBLE_DEVICES form"),
+    Setting("allocate.pass_device_specs", as_bool, help="return /dev/nvidia* device specs"),
     Setting("allocate.driver_mounts", _mounts, flag_ok=False),
-    Setting("allocate.cdi.enabled", _bool, help="return CDI device names"),
-    Setting("allocate.cdi.kind", _str, help="CDI kind, e.g. nvidia.com/gpu"),
-    Setting("sharing.mode", _choice("none", "time-slicing", "memory"), help="how GPUs are advertised"),
-    Setting("sharing.time_slicing.replicas", _int(1, 1024), help="devices per GPU with time-slicing"),
-    Setting("sharing.time_slicing.rename", _str, help="resource name for time-sliced GPUs"),
+    Setting("allocate.cdi.enabled", as_bool, help="return CDI device names"),
+    Setting("allocate.cdi.kind", as_str, help="CDI kind, e.g. nvidia.com/gpu"),
+    Setting("sharing.mode", choice("none", "time-slicing", "memory"), help="how GPUs are advertised"),
+    Setting("sharing.time_slicing.replicas", int_in(1, 1024), help="devices per GPU with time-slicing"),
+    Setting("sharing.time_slicing.rename", as_str, help="resource name for time-sliced GPUs"),
     Setting("sharing.memory.resource_name", _resource_name, help="GPU-memory resource (GiB units)"),
-    Setting("sharing.memory.mps", _bool, help="enforce GPU-memory shares with MPS"),
+    Setting("sharing.memory.mps", as_bool, help="enforce GPU-memory shares with MPS"),
     Setting("sharing.memory.mps_pipe_dir", _abs_path, help="host MPS pipe directory"),
     Setting("sharing.memory.mps_log_dir", _abs_path, help="host MPS log directory"),
     Setting("sharing.memory.mps_container_pipe_dir", _abs_path, help="MPS pipe directory in containers"),
     Setting("sharing.memory.mps_container_log_dir", _abs_path, help="MPS log directory in containers"),
-    Setting("labels.enabled", _bool, help="publish node labels and the gpus annotation"),
+    Setting("labels.enabled", as_bool, help="publish node labels and the gpus annotation"),
     Setting("labels.prefix", _label_prefix, help="label domain"),
-    Setting("http.port", _int(0, 65535), help="port for /metrics and /healthz (0: off)"),
-    Setting("http.address", _str, help="address for /metrics and /healthz"),
-    Setting("log.level", _choice("debug", "info", "warning", "error")),
-    Setting("log.format", _choice("kv", "json")),
-    Setting("kubernetes.kubeconfig", _str, help="kubeconfig path (empty: in-cluster, then ~/.kube/config)"),
+    Setting("http.port", int_in(0, 65535), help="port for /metrics and /healthz (0: off)"),
+    Setting("http.address", as_str, help="address for /metrics and /healthz"),
+    Setting("log.level", choice("debug", "info", "warning", "error")),
+    Setting("log.format", choice("kv", "json")),
+    Setting("kubernetes.kubeconfig", as_str, help="kubeconfig path (empty: in-cluster, then ~/.kube/config)"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 # The mappings that group settings (`health`, `allocate.cdi`): the only ones the file loader descends into,
@@ -321,36 +263,23 @@ def build(
     """Merge defaults < file < environment < flags and validate; raise ConfigError listing every problem."""
     environ = os.environ if environ is None else environ
     errors: list[str] = []
-    values: dict[str, Any] = {}
-    source: dict[str, str] = {}
     config_path = getattr(args, "config", None) or environ.get(CONFIG_ENV)
     if file_values is None and config_path:
         try:
             file_values = load_file(config_path)
         except ConfigError as exc:
             errors.append(str(exc))
-    layers: list[tuple[str, Callable[[Setting], tuple[bool, Any, str]]]] = [
-        (
-            "file",
-            lambda s: (
-                s.name in (file_values or {}),
-                (file_values or {}).get(s.name),
-                f"{config_path}: {s.name}",
-            ),
-        ),
-        ("env", lambda s: _from_env(s, environ)),
-        ("flag", lambda s: (getattr(args, s.attr, None) is not None, getattr(args, s.attr, None), s.flag)),
-    ]
-    for s in SETTINGS:
-        for layer, lookup in layers:
-            present, raw, where = lookup(s)
-            if not present:
-                continue
-            try:
-                values[s.attr] = s.parse(raw)
-                source[s.name] = layer
-            except ValueError as exc:
-                errors.append(f"{where}: {exc}")
+    file_values = file_values or {}
+    in_file = {name: (raw, f"{config_path}: {name}") for name, raw in file_values.items() if name in _BY_NAME}
+    in_env = dict(found for s in SETTINGS if (found := _from_env(s, environ)))
+    in_flags = {
+        s.name: (getattr(args, s.attr), s.flag) for s in SETTINGS if getattr(args, s.attr, None) is not None
+    }
+    layers = [Layer("file", in_file), Layer("env", in_env), Layer("flag", in_flags)]
+    merged = merge({s.name: s.parse for s in SETTINGS}, layers)
+    errors += merged.errors
+    values = {_BY_NAME[name].attr: value for name, value in merged.values.items()}
+    source = merged.source
     cfg = Config(**values, source=source)
     errors += _cross_check(cfg)
     if errors:
@@ -358,11 +287,12 @@ def build(
     return cfg
 
 
-def _from_env(s: Setting, environ: Mapping[str, str]) -> tuple[bool, Any, str]:
+def _from_env(s: Setting, environ: Mapping[str, str]) -> tuple[str, tuple[Any, str]] | None:
+    """The setting's value from its first variable that is set and not empty."""
     for name in (s.env, *s.env_aliases):
         if environ.get(name):
-            return True, environ[name], f"env {name}"
-    return False, None, ""
+            return s.name, (environ[name], f"env {name}")
+    return None
 
 
 def _cross_check(cfg: Config) -> list[str]:

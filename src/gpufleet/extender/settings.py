@@ -7,17 +7,15 @@ message naming the setting and its source.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import os
-import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpufleet.extender.request import Policy
+from gpufleet.layered import Layer, Parser, as_int, as_number, as_str, merge
 from gpufleet.yamlfile import YamlFileError, read_yaml
 
 ENV_PREFIX = "GPUFLEET_EXTENDER_"
@@ -26,8 +24,6 @@ CONFIG_VERSION = "v1"
 MAX_SETTINGS_BYTES = 16 * 1024  # every setting with comments fits in 2 KiB; more is not a settings file
 MAX_SECONDS = 86_400.0  # a day: a longer TTL or wait is a typo, and huge ones overflow timer arithmetic
 MAX_BODY_MIB = 4096  # 16x the default, far above a 5000-node cluster's full Nodes list
-_INT_TEXT = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
-_FLOAT_TEXT_MAX = 32  # characters; a number of seconds needs a handful
 
 
 class SettingsError(ValueError):
@@ -99,40 +95,18 @@ class Settings:
 _CHOICES = {"log_format": ("kv", "json"), "log_level": ("debug", "info", "warning", "error")}
 
 
-def _as_int(value: str | int | float) -> int | None:
-    if isinstance(value, str):
-        return int(value) if _INT_TEXT.fullmatch(value) else None
-    return int(value) if isinstance(value, int) or value.is_integer() else None
-
-
-def _as_float(value: str | int | float) -> float | None:
-    if isinstance(value, str) and len(value) > _FLOAT_TEXT_MAX:
-        return None
+def _policy(value: Any) -> Policy:
     try:
-        number = float(value)
-    except (ValueError, OverflowError):  # not a number; an int beyond the float range
-        return None
-    return number if math.isfinite(number) else None
+        return Policy(as_str(value).strip().lower())
+    except ValueError:
+        names = ", ".join(p.value for p in Policy)
+        raise ValueError(f"expected one of {names}, got {reprlib.repr(value)}") from None
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """`value` from a file, the environment or a flag as the setting's type. Only scalars are accepted, so a
-    YAML alias bomb is refused before anything walks or prints it; numbers must be finite."""
-    kind = next(f for f in fields(Settings) if f.name == name).type
-    result: Any = None
-    if isinstance(value, str | int | float) and not isinstance(value, bool):
-        if kind in ("int", int):
-            result = _as_int(value)
-        elif kind in ("float", float):
-            result = _as_float(value)
-        elif kind in ("Policy", Policy):
-            with contextlib.suppress(ValueError):
-                result = Policy(str(value).strip().lower())
-        else:
-            result = str(value)
-    if result is None:
-        raise SettingsError(f"{name} from {source}: {reprlib.repr(value)} is not a valid {kind}")
-    return result
+# Each setting's parser by its field's type (gpufleet.layered's, shared with the device plugin); ranges and
+# cross-setting rules are _validate's.
+_PARSER_OF_TYPE: dict[Any, Parser] = {"int": as_int, "float": as_number, "Policy": _policy, "str": as_str}
+PARSERS: dict[str, Parser] = {f.name: _PARSER_OF_TYPE[f.type] for f in fields(Settings)}
 
 
 def _validate(s: Settings) -> None:
@@ -168,9 +142,10 @@ def load_settings(
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Merge defaults < file < environment < flags (flags with value None are unset) and validate."""
-    names = {f.name for f in fields(Settings)}
-    values: dict[str, Any] = {}
+    """Merge defaults < file < environment < flags (flags with value None are unset) and validate; raise
+    SettingsError naming every setting that is wrong and where it came from."""
+    errors: list[str] = []
+    in_file: dict[str, tuple[Any, str]] = {}
     if path:
         doc = _read_yaml(path)
         version = doc.pop("version", CONFIG_VERSION)
@@ -178,24 +153,35 @@ def load_settings(
             raise SettingsError(
                 f"config file {path}: version {reprlib.repr(version)} is not {CONFIG_VERSION!r}"
             )
-        for key, value in doc.items():
-            if key not in names:
-                raise SettingsError(f"config file {path}: unknown setting {reprlib.repr(key)}")
-            values[key] = _coerce(key, value, f"file {path}")
+        in_file = {key: (value, f"{_key(key)} from config file {path}") for key, value in doc.items()}
+    in_env: dict[str, tuple[Any, str]] = {}
     for key, value in (env if env is not None else os.environ).items():
         if key.startswith(ENV_PREFIX):
             name = key[len(ENV_PREFIX) :].lower()
-            if name not in names:
-                raise SettingsError(f"environment variable {key} names no setting")
-            values[name] = _coerce(name, value, f"env {key}")
-    for key, value in (flags or {}).items():
-        if value is not None:
-            values[key] = _coerce(key, value, f"flag --{key.replace('_', '-')}")
-    settings = dataclasses.replace(Settings(), **values)
+            if name in PARSERS:
+                in_env[name] = (value, f"{name} from env {key}")
+            else:
+                errors.append(f"environment variable {key} names no setting")
+    set_flags = {key: value for key, value in (flags or {}).items() if value is not None}
+    in_flags = {key: (value, f"{key} from flag {_flag(key)}") for key, value in set_flags.items()}
+    merged = merge(PARSERS, [Layer("file", in_file), Layer("env", in_env), Layer("flag", in_flags)])
+    errors += merged.errors
+    if errors:
+        raise SettingsError("; ".join(errors))
+    settings = dataclasses.replace(Settings(), **merged.values)
     if settings.url_prefix != "/":
         settings = dataclasses.replace(settings, url_prefix=settings.url_prefix.rstrip("/"))
     _validate(settings)
     return settings
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _key(key: Any) -> str:
+    """A file key for a message: a setting's name as is, anything else (a hostile key) shortened."""
+    return key if isinstance(key, str) and key in PARSERS else reprlib.repr(key)
 
 
 def _read_yaml(path: str) -> dict[Any, Any]:
