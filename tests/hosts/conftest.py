@@ -53,17 +53,26 @@ def host_tools() -> None:
 
 
 @pytest.fixture(scope="session")
-def repo_url(host_tools: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def skipped_scenarios(host_tools: None) -> dict[str, str]:
+    """Build the images of this session's scenarios; return the ones skipped, with why: in the default set,
+    those whose Ubuntu archive does not answer. Scenarios named in GPUFLEET_MOLECULE_SCENARIOS are never
+    skipped (an archive that does not answer fails the session's scenarios, naming it)."""
+    # Images are cached by content key across sessions; the lock stops parallel sessions from building
+    # the same one twice.
+    with file_lock(state_dir() / "images.lock"):
+        return molecule.prepare_images(
+            molecule.selected_scenarios(ROOT), ROOT, required=bool(molecule.named_scenarios())
+        )
+
+
+@pytest.fixture(scope="session")
+def repo_url(skipped_scenarios: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The signed stand-in NVIDIA repository, served for the whole session; its URL as test hosts see it.
 
     The repository (and its signing key) is this session's own, under its temporary directory: another
     session on this machine rebuilding its repository cannot pull files from under scenarios still
     installing from this one.
     """
-    # Images are cached by content key across sessions; the lock stops parallel sessions from building
-    # the same one twice.
-    with file_lock(state_dir() / "images.lock"):
-        molecule.prepare_images(molecule.selected_scenarios(ROOT), ROOT)
     repo = aptrepo.build_repo(tmp_path_factory.mktemp("stand-in-repo") / "apt-repo")
     with molecule.served_repo(repo) as (_repo, url):
         yield url
@@ -73,6 +82,7 @@ def repo_url(host_tools: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 # yet: the longest scenarios start first there too.
 _CI_SECONDS = {
     "nvidia_container_toolkit": 1311.0,
+    "nvidia_driver_ubuntu": 1284.0,  # beside a full CI run, session 6
     "nvidia_driver_upgrade": 1300.0,
     "nvidia_cuda_toolkit": 868.0,
     "nvidia_driver": 861.0,
@@ -178,7 +188,9 @@ class ScenarioPool:
 
 
 @pytest.fixture(scope="session")
-def molecule_runs(request: pytest.FixtureRequest, repo_url: str) -> Iterator[ScenarioPool]:
+def molecule_runs(
+    request: pytest.FixtureRequest, repo_url: str, skipped_scenarios: dict[str, str]
+) -> Iterator[ScenarioPool]:
     """The pool, with every scenario of this session's ``test_scenario`` items already started.
 
     Under xdist the scenarios are all started only when tests are scheduled by group (``--dist loadgroup``
@@ -194,6 +206,7 @@ def molecule_runs(request: pytest.FixtureRequest, repo_url: str) -> Iterator[Sce
             item.callspec.params["scenario"]
             for item in request.session.items
             if item.path.name == "test_molecule.py" and hasattr(item, "callspec")
+            and item.callspec.params["scenario"] not in skipped_scenarios
         ])  # fmt: skip
     try:
         yield pool

@@ -75,16 +75,18 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_ubuntu_scenarios_are_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ubuntu_scenarios_are_in_the_default_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _scenario(tmp_path, "debian_one", "bookworm")
     _scenario(tmp_path, "debian_two", "bookworm", "trixie")
     _scenario(tmp_path, "on_ubuntu", "jammy")
     _scenario(tmp_path, "mixed", "bookworm", "jammy")
     monkeypatch.delenv("GPUFLEET_MOLECULE_SCENARIOS", raising=False)
-    assert molecule.all_scenarios(tmp_path) == ["debian_one", "debian_two", "mixed", "on_ubuntu"]
-    assert molecule.scenarios(tmp_path) == ["debian_one", "debian_two"]
-    assert molecule.opt_in_scenarios(tmp_path) == ["mixed", "on_ubuntu"]
-    assert molecule.selected_scenarios(tmp_path) == ["debian_one", "debian_two"]
+    everything = ["debian_one", "debian_two", "mixed", "on_ubuntu"]
+    assert molecule.all_scenarios(tmp_path) == everything
+    assert molecule.scenarios(tmp_path) == everything
+    assert molecule.opt_in_scenarios(tmp_path) == []
+    assert molecule.selected_scenarios(tmp_path) == everything
+    assert molecule.named_scenarios() == []
     monkeypatch.setenv("GPUFLEET_MOLECULE_SCENARIOS", "on_ubuntu")
     assert molecule.selected_scenarios(tmp_path) == ["on_ubuntu"]
     monkeypatch.setenv("GPUFLEET_MOLECULE_SCENARIOS", "debian_two,on_ubuntu")
@@ -123,18 +125,68 @@ def test_named_ubuntu_scenario_fails_naming_the_archive(
         molecule.require_archives(["debian_one", "on_ubuntu"], tmp_path)
     message = str(failure.value)
     assert f"the Ubuntu archive {mirror} does not answer" in message
-    assert "scenario on_ubuntu needs Ubuntu jammy test hosts" in message
+    assert "scenario on_ubuntu: its Ubuntu jammy test hosts need an archive that does not answer" in message
     # prepare_images checks before it builds anything.
     monkeypatch.setattr(molecule, "build_image", lambda spec: pytest.fail(f"built {spec.name}"))
     with pytest.raises(images.ArchiveUnreachableError):
         molecule.prepare_images(["on_ubuntu"], tmp_path)
 
 
-def test_project_ubuntu_scenario_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_set_skips_ubuntu_scenarios_while_the_archive_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scenario(tmp_path, "debian_one", "bookworm")
+    _scenario(tmp_path, "on_ubuntu", "jammy")
+    _scenario(tmp_path, "on_noble", "noble")
+    mirror = f"http://127.0.0.1:{_closed_port()}/ubuntu"
+    monkeypatch.setenv("GPUFLEET_UBUNTU_MIRROR", mirror)
+    built: list[str] = []
+    monkeypatch.setattr(molecule, "build_image", lambda spec: built.append(spec.suite))
+    skipped = molecule.prepare_images(["debian_one", "on_ubuntu", "on_noble"], tmp_path, required=False)
+    assert sorted(skipped) == ["on_noble", "on_ubuntu"]
+    assert f"the Ubuntu archive {mirror} does not answer" in skipped["on_ubuntu"]
+    assert built == ["bookworm"]  # nothing built for the skipped ones
+
+
+def test_default_set_skips_an_ubuntu_scenario_whose_archive_stops_answering_during_its_image_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scenario(tmp_path, "debian_one", "bookworm")
+    _scenario(tmp_path, "on_ubuntu", "jammy")
+    answers = iter([True, False])  # the first probe answers, the one after the failed build does not
+
+    def probe(spec: images.ImageSpec) -> None:
+        if not next(answers):
+            raise images.ArchiveUnreachableError(f"the Ubuntu archive {spec.mirror} does not answer")
+
+    def build(spec: images.ImageSpec) -> None:
+        if spec.ubuntu:
+            raise RuntimeError("debootstrap: Failed getting release file")
+
+    monkeypatch.setattr(molecule, "require_archive", probe)
+    monkeypatch.setattr(molecule, "build_image", build)
+    skipped = molecule.prepare_images(["debian_one", "on_ubuntu"], tmp_path, required=False)
+    assert list(skipped) == ["on_ubuntu"]
+    # the archive answering, a failed build is a failure
+    monkeypatch.setattr(molecule, "require_archive", lambda spec: None)
+    with pytest.raises(RuntimeError, match="debootstrap"):
+        molecule.prepare_images(["debian_one", "on_ubuntu"], tmp_path, required=False)
+    # and a Debian image's failure is never a skip
+    monkeypatch.setattr(
+        molecule, "build_image", lambda spec: (_ for _ in ()).throw(RuntimeError("mmdebstrap"))
+    )
+    with pytest.raises(RuntimeError, match="mmdebstrap"):
+        molecule.prepare_images(["debian_one"], tmp_path, required=False)
+
+
+def test_project_default_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUFLEET_MOLECULE_SCENARIOS", raising=False)
-    assert "nvidia_driver_ubuntu" in molecule.opt_in_scenarios()
-    assert "nvidia_driver_ubuntu" not in molecule.selected_scenarios()
     assert "nvidia_driver" in molecule.selected_scenarios()
+    # opt-in for the test command's time budget only (docs/testing.md); without the marker it would run
+    # whenever Ubuntu's archive answers
+    assert "nvidia_driver_ubuntu" in molecule.opt_in_scenarios()
+    # the DKMS compile is too slow for every run; docs/roles.md records its last run
+    assert "nvidia_driver_ubuntu_dkms" in molecule.opt_in_scenarios()
     # too slow for every run; docs/roles.md records its last run
     assert "nvidia_driver_upgrade" in molecule.opt_in_scenarios()
     assert molecule.opt_in_reason("nvidia_driver_upgrade")

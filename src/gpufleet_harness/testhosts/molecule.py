@@ -6,10 +6,11 @@ state kept under the test-host state dir. The test hosts use slirp4netns with ``
 the server's loopback port is reachable from inside them at 10.0.2.2 while their own network (docker
 bridges included) stays private.
 
-Scenarios whose hosts run Ubuntu are opt-in: CI may reach Debian's archives only, so they are not in the
-default set and run only when named (GPUFLEET_MOLECULE_SCENARIOS, ``-s``); named while Ubuntu's archive
-does not answer, the run fails before anything is built, naming the archive. A scenario too slow for every
-run says so in its molecule.yml (``# gpufleet-opt-in: <why>``) and is opt-in too.
+Scenarios whose hosts run Ubuntu install from Ubuntu's archive, which CI may reach or not. In the default
+set they run when it answers and are skipped, naming the archive, when it does not (also when it stops
+answering during their run); named (GPUFLEET_MOLECULE_SCENARIOS, ``-s``) while it does not answer, the run
+fails before anything is built. A scenario too slow for every run says so in its molecule.yml
+(``# gpufleet-opt-in: <why>``) and runs only when named.
 """
 
 from __future__ import annotations
@@ -68,11 +69,7 @@ _OPT_IN_LINE = re.compile(r"^# gpufleet-opt-in: *(\S.*)$", re.MULTILINE)
 
 
 def opt_in_reason(scenario: str, project: Path = PROJECT) -> str | None:
-    """Why the scenario runs only when named, or None when it is in the default set: a host of it runs Ubuntu
-    (an archive CI may not reach), or its molecule.yml says ``# gpufleet-opt-in: <why>``."""
-    ubuntu = [suite for suite in scenario_suites(scenario, project) if is_ubuntu(suite)]
-    if ubuntu:
-        return f"Ubuntu test hosts ({', '.join(ubuntu)}): CI may reach Debian's archives only"
+    """Why the scenario runs only when named (its molecule.yml's ``# gpufleet-opt-in: <why>``), or None."""
     found = _OPT_IN_LINE.search((project / "molecule" / scenario / "molecule.yml").read_text())
     return found.group(1).strip() if found else None
 
@@ -83,20 +80,25 @@ def opt_in(scenario: str, project: Path = PROJECT) -> bool:
 
 
 def scenarios(project: Path = PROJECT) -> list[str]:
-    """The default set: every scenario but the opt-in ones."""
+    """The default set: every scenario but the opt-in ones (Ubuntu ones included: they run when their
+    archive answers, see ``runnable``)."""
     return [name for name in all_scenarios(project) if not opt_in(name, project)]
 
 
 def opt_in_scenarios(project: Path = PROJECT) -> list[str]:
-    """Scenarios that run only when named (Ubuntu hosts, or too slow for every run)."""
+    """Scenarios that run only when named (too slow for every run)."""
     return [name for name in all_scenarios(project) if opt_in(name, project)]
+
+
+def named_scenarios() -> list[str]:
+    """The scenarios GPUFLEET_MOLECULE_SCENARIOS names (comma-separated), if any."""
+    return [name for name in os.environ.get("GPUFLEET_MOLECULE_SCENARIOS", "").split(",") if name]
 
 
 def selected_scenarios(project: Path = PROJECT) -> list[str]:
     """Scenarios named in GPUFLEET_MOLECULE_SCENARIOS (comma-separated; opt-in ones too), else the default
     set (every scenario but the opt-in ones)."""
-    wanted = [name for name in os.environ.get("GPUFLEET_MOLECULE_SCENARIOS", "").split(",") if name]
-    return wanted or scenarios(project)
+    return named_scenarios() or scenarios(project)
 
 
 def scenario_suites(scenario: str, project: Path = PROJECT) -> list[str]:
@@ -105,22 +107,29 @@ def scenario_suites(scenario: str, project: Path = PROJECT) -> list[str]:
     return sorted(set(re.findall(re.escape(IMAGE_REPOSITORY) + r":([a-z]+)", text)))
 
 
-def require_archives(names: Sequence[str], project: Path = PROJECT) -> None:
-    """Raise ArchiveUnreachableError when a scenario's Ubuntu hosts need an archive that does not answer.
-
-    Debian suites are not checked (every machine that runs the scenarios has Debian's archives)."""
+def unreachable(names: Sequence[str], project: Path = PROJECT) -> dict[str, str]:
+    """For each scenario whose Ubuntu hosts need an archive that does not answer now, why (one probe per
+    suite). Debian suites are not checked (every machine that runs the scenarios has Debian's archives)."""
+    why: dict[str, str] = {}
     for suite in sorted({s for name in names for s in scenario_suites(name, project) if is_ubuntu(s)}):
-        spec = ImageSpec(suite)
         try:
-            require_archive(spec)
+            require_archive(ImageSpec(suite))
         except ArchiveUnreachableError as err:
-            users = [name for name in names if suite in scenario_suites(name, project)]
-            raise ArchiveUnreachableError(
-                f"scenario {', '.join(users)} needs Ubuntu {suite} test hosts, but {err}. Ubuntu scenarios "
-                "are opt-in (not in the default set: CI may reach Debian's archives only); drop them from "
-                "GPUFLEET_MOLECULE_SCENARIOS, or point GPUFLEET_UBUNTU_MIRROR at an Ubuntu mirror that "
-                "answers."
-            ) from err
+            for name in names:
+                if suite in scenario_suites(name, project) and name not in why:
+                    why[name] = f"its Ubuntu {suite} test hosts need an archive that does not answer: {err}"
+    return why
+
+
+def require_archives(names: Sequence[str], project: Path = PROJECT) -> None:
+    """Raise ArchiveUnreachableError when a scenario's Ubuntu hosts need an archive that does not answer."""
+    why = unreachable(names, project)
+    if why:
+        raise ArchiveUnreachableError(
+            "; ".join(f"scenario {name}: {reason}" for name, reason in why.items())
+            + ". Drop them from GPUFLEET_MOLECULE_SCENARIOS, or point GPUFLEET_UBUNTU_MIRROR at an Ubuntu "
+            "mirror that answers (in the default set they are skipped while it does not answer)."
+        )
 
 
 def _collection_link(project: Path) -> Path:
@@ -161,12 +170,32 @@ def molecule_env(repo_url: str, project: Path = PROJECT) -> dict[str, str]:
     return env
 
 
-def prepare_images(names: Sequence[str], project: Path = PROJECT) -> None:
-    """Build every image the scenarios use (cached by content key), after checking the Ubuntu archive answers
-    when a scenario needs it (its hosts install from it even when the image is cached)."""
-    require_archives(names, project)
-    for suite in sorted({s for name in names for s in scenario_suites(name, project)}):
-        build_image(ImageSpec(suite))
+def prepare_images(names: Sequence[str], project: Path = PROJECT, *, required: bool = True) -> dict[str, str]:
+    """Build every image the scenarios use (cached by content key) and return the scenarios to skip, with why.
+
+    ``required`` (scenarios named on purpose): an Ubuntu archive that does not answer raises
+    ArchiveUnreachableError before anything is built (the hosts install from it even when the image is
+    cached). Otherwise (the default set) a scenario whose archive does not answer, before or while its image
+    is built, is returned as skipped; any other failure raises."""
+    if required:
+        require_archives(names, project)
+        skipped: dict[str, str] = {}
+    else:
+        skipped = unreachable(names, project)
+    users: dict[str, list[str]] = {}
+    for name in names:
+        if name not in skipped:
+            for suite in scenario_suites(name, project):
+                users.setdefault(suite, []).append(name)
+    for suite in sorted(users):
+        try:
+            build_image(ImageSpec(suite))
+        except Exception:
+            gone = {} if required or not is_ubuntu(suite) else unreachable(users[suite], project)
+            if not gone:
+                raise
+            skipped.update(gone)
+    return skipped
 
 
 def run_scenario(
