@@ -497,24 +497,24 @@ def _capability_rank(capabilities: Mapping[str, tuple[int, int, int]]) -> dict[s
     return {name: position[c] for name, c in capabilities.items()}
 
 
-def _composite(util: float, topology: float, rank: float, binpack: bool, multi: bool, most: bool) -> float:
-    """A fitting node's score before scaling: the node policy, plus NVLink and capability when asked."""
-    fill = util if binpack else 1.0 - util
-    total, weight = _W_POLICY * fill, _W_POLICY
-    if multi:
-        total += _W_TOPOLOGY * topology
-        weight += _W_TOPOLOGY
-    if most:
-        total += _W_CAPABILITY * rank
-        weight += _W_CAPABILITY
-    return total / weight
-
-
 def _composites(figures: dict[str, Any], binpack: bool, multi: bool, most: bool) -> dict[str, float]:
-    """`_composite` for every fitting node, the capability ranks worked out once."""
-    ranks = _capability_rank({n: f[2] for n, f in figures.items()}) if most else {}
-    rank = ranks.get
-    return {n: _composite(u, t, rank(n, 1.0), binpack, multi, most) for n, (u, t, _) in figures.items()}
+    """Each fitting node's score before scaling, the one place the rule stands: the node policy's fill
+    (utilisation for binpack, its complement for spread), plus NVLink when the pod wants several GPUs and the
+    capability rank when it wants the most capable, weighted by _W_POLICY, _W_TOPOLOGY and _W_CAPABILITY.
+    One expression for every node (no call per node: prioritize sends thousands); a weight left out is 0.0,
+    which leaves each sum exactly as adding only the terms asked for would."""
+    ranks: dict[str, float] = {}
+    if most and len({f[2] for f in figures.values()}) > 1:
+        ranks = _capability_rank({n: f[2] for n, f in figures.items()})
+    rank = ranks.get  # one capability level: every rank is 1.0
+    wp = _W_POLICY
+    wt = _W_TOPOLOGY if multi else 0.0
+    wc = _W_CAPABILITY if most else 0.0
+    weight = wp + wt + wc
+    sign, base = (1.0, 0.0) if binpack else (-1.0, 1.0)
+    return {
+        n: (wp * (base + sign * u) + wt * t + wc * rank(n, 1.0)) / weight for n, (u, t, _) in figures.items()
+    }
 
 
 def _wish_not_better(figures: dict[str, Any], handing_off: set[str], multi: bool, most: bool) -> set[str]:
@@ -867,7 +867,7 @@ def score_table(
     binpack_nodes = npolicy is Policy.BINPACK
     composite: dict[str, float]
     if bare:
-        # _composite without NVLink and capability terms: 1.0 * fill / 1.0.
+        # _composites without NVLink and capability terms: 1.0 * fill / 1.0.
         composite = figures if binpack_nodes else {n: 1.0 - u for n, u in figures.items()}
     else:
         composite = _composites(figures, binpack_nodes, multi, most)
