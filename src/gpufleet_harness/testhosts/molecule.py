@@ -110,14 +110,16 @@ def scenario_suites(scenario: str, project: Path = PROJECT) -> list[str]:
 def unreachable(names: Sequence[str], project: Path = PROJECT) -> dict[str, str]:
     """For each scenario whose Ubuntu hosts need an archive that does not answer now, why (one probe per
     suite). Debian suites are not checked (every machine that runs the scenarios has Debian's archives)."""
+    suites = {name: scenario_suites(name, project) for name in names}
     why: dict[str, str] = {}
-    for suite in sorted({s for name in names for s in scenario_suites(name, project) if is_ubuntu(s)}):
+    for suite in sorted({s for used in suites.values() for s in used if is_ubuntu(s)}):
         try:
             require_archive(ImageSpec(suite))
         except ArchiveUnreachableError as err:
-            for name in names:
-                if suite in scenario_suites(name, project) and name not in why:
-                    why[name] = f"its Ubuntu {suite} test hosts need an archive that does not answer: {err}"
+            reason = f"its Ubuntu {suite} test hosts need an archive that does not answer: {err}"
+            for name, used in suites.items():
+                if suite in used:
+                    why.setdefault(name, reason)
     return why
 
 
