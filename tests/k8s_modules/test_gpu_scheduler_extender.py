@@ -64,8 +64,9 @@ def test_objects_rbac_idempotence_check_mode_and_absent_without_scheduler(
     assert not second["changed"] and {o["action"] for o in second["objects"]} == {"unchanged"}
     bad = run_tasks([{MODULE: {**args, "settings": {"node_policy": "sideways"}}}], tmp_path).task()
     assert bad["failed"], bad
-    assert (
-        bad["msg"] == "settings are invalid: node_policy from file settings: 'sideways' is not a valid Policy"
+    assert bad["msg"] == (
+        "settings are invalid: node_policy from config file settings: "
+        "expected one of binpack, spread, got 'sideways'"
     )
     gone = run_tasks(
         [{MODULE: {**args, "state": "absent", "wait": True, "wait_timeout": 60}}], tmp_path
