@@ -78,17 +78,17 @@ def repo_url(skipped_scenarios: dict[str, str], tmp_path_factory: pytest.TempPat
         yield url
 
 
-# Wall times of a fresh clone's CI run (session 4, all groups side by side), for a machine with no history
-# yet: the longest scenarios start first there too.
+# Wall times of a fresh clone's CI run (session 7's cold run, all groups side by side), for a machine with no
+# history yet: the longest scenarios start first there too.
 _CI_SECONDS = {
-    "nvidia_container_toolkit": 1311.0,
-    "nvidia_driver_ubuntu": 1284.0,  # beside a full CI run, session 6
-    "nvidia_driver_upgrade": 1300.0,
-    "nvidia_cuda_toolkit": 868.0,
-    "nvidia_driver": 861.0,
-    "nvidia_fabricmanager": 707.0,
-    "gpu_host_prep": 604.0,
-    "nvidia_mps": 459.0,
+    "nvidia_container_toolkit": 1260.0,
+    "nvidia_driver_upgrade": 1300.0,  # opt-in; session 4
+    "nvidia_cuda_toolkit": 1075.0,
+    "nvidia_driver": 1067.0,
+    "nvidia_fabricmanager": 686.0,
+    "gpu_host_prep": 495.0,
+    "nvidia_driver_ubuntu": 450.0,  # 190 s alone in session 8; beside a CI run about 2.5 times that
+    "nvidia_mps": 434.0,
 }
 
 
