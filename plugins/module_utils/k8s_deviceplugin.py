@@ -106,6 +106,13 @@ def plugin_config(params: Mapping[str, Any]) -> dict[str, Any]:
     for pinned in ("socket_dir", "node_name"):
         if pinned in cfg:
             raise ParameterError(f"plugin_config.{pinned} is set by the deployment; remove it")
+    if "configs" in cfg:
+        # The plugin reads them (docs/deviceplugin.md, "Named configurations"); this module does not deploy
+        # them yet: its capacity wait and RBAC assume one configuration for every node.
+        raise ParameterError(
+            "plugin_config.configs: named configurations are not deployed by this module yet (its capacity "
+            "wait assumes one configuration on every node); deploy one configuration per node group"
+        )
     if params["mode"] == "daemonset":
         cfg["host_root"] = params["host_root"]
     return cfg

@@ -158,6 +158,11 @@ def test_example_config_in_deploy_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "deviceplugin" / "config.example.yaml"
     cfg = configuration.build(args("--config", str(example)), environ={})
     assert cfg.sharing_mode == "none"
+    named = example.with_name("config.named.example.yaml")
+    cfg = configuration.build(args("--config", str(named)), environ={"NODE_NAME": "n1"})
+    assert {name: c.sharing_mode for name, c in cfg.named.items()} == {
+        "training": "none", "inference-sliced": "time-slicing", "inference-memory": "memory"}  # fmt: skip
+    assert cfg.config_name == "training" and cfg.config_label == "nvidia.com/device-plugin.config"
 
 
 def test_daemonset_configmap_configs_are_valid(tmp_path: Path) -> None:

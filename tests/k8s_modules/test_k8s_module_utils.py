@@ -132,6 +132,11 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
         k8s_deviceplugin.ParameterError, match=r"plugin_config\.node_name is set by the deployment"
     ):
         k8s_deviceplugin.plugin_config(_dp_params(plugin_config={"node_name": "x"}))
+    # the plugin reads named configurations; the module says plainly that it cannot deploy them yet
+    named = {"configs": {"default": "a", "named": {"a": {}}}}
+    with pytest.raises(k8s_deviceplugin.ParameterError, match=r"plugin_config\.configs: named configurations "
+                       r"are not deployed by this module yet"):  # fmt: skip
+        k8s_deviceplugin.plugin_config(_dp_params(plugin_config=named))
 
 
 def test_extender_settings_pin_tls_paths_from_the_secret() -> None:

@@ -6,25 +6,30 @@ import asyncio
 import gc
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpufleet.deviceplugin import config as configuration
+from gpufleet.deviceplugin import nodeconfig
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
 from gpufleet.deviceplugin.gpumem.resolver import KubernetesPodResolver, PodResolver
 from gpufleet.deviceplugin.labels import NodePublisher
 from gpufleet.deviceplugin.metrics import HttpEndpoint, Metrics
+from gpufleet.deviceplugin.nodeconfig import NodeLabelWatcher
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions
 from gpufleet.deviceplugin.plugin.kubelet import Supervisor
 from gpufleet.deviceplugin.plugin.server import DevicePluginService, PluginServer, Wakeup
 from gpufleet.deviceplugin.rm.devices import ResourceKind
 from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager, StartSettings
 from gpufleet.deviceplugin.rm.model import DeviceSource, SourceUnavailable
+from gpufleet.handoff import SHARING_LABEL
 from gpufleet.kubeconfig import api_client
 from gpufleet.logs import log_event, setup_logging
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 1
+CONFIG_LABEL_NAME = "device-plugin.config"  # under labels.prefix: the named configuration running
 
 
 class StartupError(Exception):
@@ -48,8 +53,10 @@ class App:
         resolver: PodResolver | None = None,
         core_v1: Any = None,
         metrics: Metrics | None = None,
+        label_watcher: Callable[..., Any] = NodeLabelWatcher,
     ) -> None:
         self.cfg = cfg
+        self.label_watcher = label_watcher  # NodeLabelWatcher's signature; tests drive the label by hand
         self.metrics = metrics or Metrics()
         if source is None:
             from gpufleet.deviceplugin.rm.nvml_source import NvmlDeviceSource
@@ -66,6 +73,7 @@ class App:
         self.core_v1 = core_v1
         self.supervisor: Supervisor | None = None
         self.ready = asyncio.Event()
+        self._pending: configuration.Config | None = None  # the named configuration to switch to
 
     def _api(self) -> Any:
         if self.core_v1 is None:
@@ -85,11 +93,53 @@ class App:
         return ok, why
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until `stop` is set (raises SourceUnavailable at start when configured to fail fast)."""
-        cfg = self.cfg
+        """Run until `stop` is set (raises SourceUnavailable at start when configured to fail fast).
+
+        With named configurations, the node's label picks one (``nodeconfig``); when it changes, the
+        plugin servers of the old configuration stop (their sockets go, so the kubelet drops those
+        resources from the node's allocatable) and the new ones start and register. The process, its
+        NVML session and every GPU's health stay."""
         loop = asyncio.get_running_loop()
         wakeup = Wakeup(loop)
         self.rm.subscribe(wakeup.poke)
+        switch = asyncio.Event()
+        http = publisher = watcher = None
+        self.rm.start()
+        try:
+            if self.cfg.http_port:
+                http = HttpEndpoint(self.cfg.http_address, self.cfg.http_port, self.metrics, self.healthz)
+                http.start()
+                log_event("http_listening", address=self.cfg.http_address, port=http.port)
+            publisher = self._publisher()
+            watcher = self._config_watcher(loop, switch)
+            while not stop.is_set():
+                until = asyncio.Event()
+                supervisor = self._supervisor(self.cfg, wakeup)
+                supervising = asyncio.create_task(supervisor.run(until))
+                started = asyncio.create_task(supervisor.started.wait())
+                await asyncio.wait([supervising, started], return_when=asyncio.FIRST_COMPLETED)
+                started.cancel()
+                self.ready.set()
+                ending = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(switch.wait())]
+                await asyncio.wait([supervising, *ending], return_when=asyncio.FIRST_COMPLETED)
+                for waiter in ending:
+                    waiter.cancel()
+                until.set()
+                await supervising  # stops its servers and removes their sockets; raises what it raised
+                if switch.is_set() and not stop.is_set():
+                    switch.clear()
+                    self._apply_switch(publisher)
+        finally:
+            if watcher:
+                watcher.stop()
+            if publisher:
+                publisher.stop()
+            if http:
+                http.stop()
+            self.rm.stop()
+
+    def _supervisor(self, cfg: configuration.Config, wakeup: Wakeup) -> Supervisor:
+        """The plugin servers of one configuration, under a new supervisor (``self.supervisor``)."""
         opts = AllocateOptions.from_config(cfg)
         servers = []
         for spec in cfg.resources():
@@ -107,26 +157,84 @@ class App:
             service = DevicePluginService(spec, self.rm, wakeup, opts, self.metrics, allocator)
             servers.append(PluginServer(service, cfg.socket_dir))
         self.supervisor = Supervisor(servers, cfg.socket_dir, self.metrics)
-        http = publisher = None
-        self.rm.start()
+        return self.supervisor
+
+    # ----- named configurations -------------------------------------------------------------------
+
+    def _config_watcher(self, loop: asyncio.AbstractEventLoop, switch: asyncio.Event) -> Any:
+        """With named configurations and a node name: follow the node's label (None otherwise)."""
+        cfg = self.cfg
+        if not cfg.named:
+            return None
+        if not cfg.node_name:
+            log_event("node_config_fixed", config=cfg.config_name, reason="node_name not set")
+            return None
         try:
-            if cfg.http_port:
-                http = HttpEndpoint(cfg.http_address, cfg.http_port, self.metrics, self.healthz)
-                http.start()
-                log_event("http_listening", address=cfg.http_address, port=http.port)
-            publisher = self._publisher()
-            supervising = asyncio.create_task(self.supervisor.run(stop))
-            started = asyncio.create_task(self.supervisor.started.wait())
-            await asyncio.wait([supervising, started], return_when=asyncio.FIRST_COMPLETED)
-            started.cancel()
-            self.ready.set()
-            await supervising
-        finally:
-            if publisher:
-                publisher.stop()
-            if http:
-                http.stop()
-            self.rm.stop()
+            api = self._api()
+        except StartupError as exc:
+            log_event("node_config_fixed", level="warning", config=cfg.config_name, reason=str(exc))
+            return None
+
+        def on_value(value: str | None) -> None:  # the watcher's thread
+            loop.call_soon_threadsafe(self._label_changed, value, switch)
+
+        watcher = self.label_watcher(api, cfg.node_name, cfg.config_label, on_value)
+        watcher.start()
+        return watcher
+
+    def _label_changed(self, value: str | None, switch: asyncio.Event) -> None:
+        """On the event loop: the node's label now says ``value``. Another known configuration is queued
+        for the switch; an unknown name is refused with an event on the node, and the running one stays."""
+        try:
+            wanted = self.cfg.select(value)
+        except configuration.ConfigError as exc:
+            self.metrics.inc("gpufleet_dp_config_refused_total")
+            running = self.cfg.config_name
+            log_event("node_config_unknown", level="warning", label=value, error=str(exc), keeping=running)
+            self._event(nodeconfig.UNKNOWN_CONFIG_REASON, f"{exc}; keeping {running!r}", warning=True)
+            wanted = self.cfg
+        if wanted.config_name == self.cfg.config_name:
+            self._pending = None
+            switch.clear()
+        else:
+            self._pending = wanted
+            switch.set()
+
+    def _apply_switch(self, publisher: NodePublisher | None) -> None:
+        """Between two generations: make the pending configuration the running one."""
+        new, self._pending = self._pending, None
+        if new is None:
+            return
+        old, self.cfg = self.cfg, new
+        resources = ", ".join(r.name for r in new.resources())
+        self.rm.set_resources(new.resources())
+        self.metrics.inc("gpufleet_dp_config_switches_total")
+        log_event(
+            "node_config_applied", config=new.config_name, previous=old.config_name, resources=resources
+        )
+        message = f"configuration {new.config_name!r} (was {old.config_name!r}) serves {resources}"
+        self._event(nodeconfig.SWITCHED_REASON, message, warning=False)
+        if publisher is not None:
+            publisher.poke()
+
+    def _event(self, reason: str, message: str, warning: bool) -> None:
+        """An Event on this node, posted from a thread (the event loop never waits on the API)."""
+        try:
+            api = self._api()
+        except StartupError:
+            return
+        post = (api, self.cfg.node_name, reason, message, warning)
+        threading.Thread(
+            target=nodeconfig.node_event, args=post, name="gpufleet-node-event", daemon=True
+        ).start()
+
+    def config_labels(self) -> dict[str, str]:
+        """Labels saying which named configuration runs and its sharing mode (none without named ones):
+        the node's one source for its mode, read by the extender (``gpufleet.io/gpu-sharing``)."""
+        cfg = self.cfg
+        if not cfg.named:
+            return {}
+        return {f"{cfg.labels_prefix}/{CONFIG_LABEL_NAME}": cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
 
     def _publisher(self) -> NodePublisher | None:
         cfg = self.cfg
@@ -144,7 +252,7 @@ class App:
         def snapshot() -> tuple[Any, Any]:
             return self.rm.inventory(), self.rm.gpu_health()
 
-        publisher = NodePublisher(api, cfg.node_name, cfg.labels_prefix, snapshot)
+        publisher = NodePublisher(api, cfg.node_name, cfg.labels_prefix, snapshot, extra=self.config_labels)
         self.rm.subscribe(publisher.poke)
         publisher.start()
         return publisher

@@ -1,10 +1,15 @@
 """Configuration: a versioned YAML file, environment variables and flags, validated at start.
 
-Precedence, highest first: flags > environment > file > defaults. Every setting has one dotted name
-(`health.probe_interval`); its flag is that name with dots and underscores as dashes
-(`--health-probe-interval`) and its variable is `GPUFLEET_DP_` + the name in capitals with dots as
+Precedence, highest first: flags > environment > the node's named configuration > file > defaults. Every
+setting has one dotted name (`health.probe_interval`); its flag is that name with dots and underscores as
+dashes (`--health-probe-interval`) and its variable is `GPUFLEET_DP_` + the name in capitals with dots as
 underscores (`GPUFLEET_DP_HEALTH_PROBE_INTERVAL`). Errors name the source and the setting, and all of
 them are reported at once.
+
+Named configurations (the file's `configs` section) let one DaemonSet serve a mixed fleet: each name holds
+per-node settings (`resource_name`, `sharing.*`, `allocate.*`) over the file's base, a node
+label (`configs.label`, NVIDIA's `nvidia.com/device-plugin.config` by default) picks one per node, and
+`configs.default` serves nodes without the label. Every named configuration is validated at start.
 """
 
 from __future__ import annotations
@@ -32,6 +37,16 @@ MAX_CONFIG_BYTES = 16 * 1024  # every setting with comments fits in 4 KiB; more 
 MAX_INTERVAL_S = 86_400.0  # a day: longer is a typo, and thread waits overflow on huge timeouts
 MAX_LABEL_PREFIX = 253  # a label key's prefix is a DNS subdomain, at most 253 characters
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+# The label that picks a node's named configuration: NVIDIA's, so nodes labelled for NVIDIA's plugin keep it.
+DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+# Settings a named configuration may set: what a node's kind changes. Process-wide settings (sockets, the
+# node's name, NVML, health checking, HTTP, logs, API access) stay in the base file, flags and environment:
+# a switch keeps the process, its NVML session and every GPU's health.
+PER_NODE_PREFIXES = ("resource_name", "sharing.", "allocate.")
+MAX_NAMED_CONFIGS = 64
+_CONFIG_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a label value
 
 
 class ConfigError(Exception):
@@ -82,6 +97,25 @@ class Config:
     log_format: str = "kv"
     kubernetes_kubeconfig: str = ""
     source: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting -> where it came from
+    # Named configurations (empty: none, the plain single-config plugin). ``config_name`` is the one this
+    # Config is; ``named`` holds every one, each already merged and validated, for the node label to pick.
+    config_label: str = DEFAULT_CONFIG_LABEL
+    config_default: str = ""
+    config_name: str = ""
+    named: Mapping[str, Config] = field(default_factory=dict, compare=False, repr=False)
+
+    def select(self, name: str | None) -> Config:
+        """The named configuration ``name`` (None or empty: the default); ConfigError for an unknown one."""
+        if not self.named:
+            raise ConfigError("no named configurations (configs.named) in this plugin's configuration")
+        wanted = name or self.config_default
+        found = self.named.get(wanted)
+        if found is None:
+            raise ConfigError(
+                f"unknown device plugin configuration {reprlib.repr(wanted)} (label {self.config_label}); "
+                f"known: {', '.join(sorted(self.named))}"
+            )
+        return found
 
     def resources(self) -> list[ResourceSpec]:
         """The resources this configuration advertises."""
@@ -226,8 +260,48 @@ def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+CONFIGS_KEY = "configs"  # load_file's entry for the raw `configs` section (not a setting)
+
+
+def _named_section(path: str, raw: Any) -> tuple[dict[str, Any], list[str]]:
+    """The `configs` section, checked for shape: {label, default, named: {name: {flat per-node settings}}}."""
+    where = f"{path}: configs"
+    if not isinstance(raw, dict):
+        return {}, [f"{where}: expected a mapping with label, default and named"]
+    errors = [f"{where}.{key}: unknown key (expected label, default, named)"
+              for key in raw if key not in ("label", "default", "named")]  # fmt: skip
+    named = raw.get("named")
+    out: dict[str, Any] = {"label": raw.get("label", DEFAULT_CONFIG_LABEL), "default": raw.get("default")}
+    if not isinstance(named, dict) or not named:
+        errors.append(f"{where}.named: expected a mapping of configuration names to settings")
+        return out, errors
+    if len(named) > MAX_NAMED_CONFIGS:
+        errors.append(f"{where}.named: {len(named)} configurations, at most {MAX_NAMED_CONFIGS}")
+        return out, errors
+    out["named"] = {}
+    for name, doc in named.items():
+        here = f"{where}.named.{name}"
+        if not isinstance(name, str) or not _CONFIG_NAME.fullmatch(name):
+            errors.append(f"{where}.named: {reprlib.repr(name)} is not a valid label value for a name")
+            continue
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, dict):
+            errors.append(f"{here}: expected a mapping of settings")
+            continue
+        flat = _flatten(doc)
+        for setting in flat:
+            if setting not in _BY_NAME:
+                errors.append(f"{here}: {setting}: unknown setting")
+            elif not setting.startswith(PER_NODE_PREFIXES):
+                errors.append(f"{here}: {setting}: process-wide; set it outside configs (file, env or flag)")
+        out["named"][name] = flat
+    return out, errors
+
+
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a config file into {setting name: raw value}; raise ConfigError on any problem."""
+    """Read a config file into {setting name: raw value} (plus the raw `configs` section under
+    CONFIGS_KEY); raise ConfigError on any problem."""
     try:
         doc = read_yaml(path, MAX_CONFIG_BYTES)
     except YamlFileError as exc:
@@ -240,8 +314,12 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     version = doc.pop("version", None)
     if version != CONFIG_VERSION:
         errors.append(f"{path}: version: expected {CONFIG_VERSION!r}, got {reprlib.repr(version)}")
+    section = doc.pop(CONFIGS_KEY, None)
     flat = _flatten(doc)
     errors += [f"{path}: {name}: unknown setting" for name in flat if name not in _BY_NAME]
+    if section is not None:
+        flat[CONFIGS_KEY], problems = _named_section(str(path), section)
+        errors += problems
     if errors:
         raise ConfigError("\n".join(errors))
     return flat
@@ -269,22 +347,83 @@ def build(
             file_values = load_file(config_path)
         except ConfigError as exc:
             errors.append(str(exc))
-    file_values = file_values or {}
+    file_values = dict(file_values or {})
+    section = file_values.pop(CONFIGS_KEY, None)
     in_file = {name: (raw, f"{config_path}: {name}") for name, raw in file_values.items() if name in _BY_NAME}
     in_env = dict(found for s in SETTINGS if (found := _from_env(s, environ)))
     in_flags = {
         s.name: (getattr(args, s.attr), s.flag) for s in SETTINGS if getattr(args, s.attr, None) is not None
     }
-    layers = [Layer("file", in_file), Layer("env", in_env), Layer("flag", in_flags)]
-    merged = merge({s.name: s.parse for s in SETTINGS}, layers)
-    errors += merged.errors
-    values = {_BY_NAME[name].attr: value for name, value in merged.values.items()}
-    source = merged.source
-    cfg = Config(**values, source=source)
-    errors += _cross_check(cfg)
+    cfg, problems = _merged([Layer("file", in_file), Layer("env", in_env), Layer("flag", in_flags)])
+    errors += problems
+    if section is not None and not errors:
+        cfg, problems = _with_named(cfg, section, config_path, in_file, in_env, in_flags)
+        errors += problems
     if errors:
         raise ConfigError("\n".join(errors))
     return cfg
+
+
+def _merged(
+    layers: Sequence[Layer], extra: Mapping[str, Any] | None = None, where: str = ""
+) -> tuple[Config, list[str]]:
+    """One Config from the layers (defaults below them), cross-checked; and the problems found (those of
+    the cross-check, which name no source, prefixed with ``where``)."""
+    merged = merge({s.name: s.parse for s in SETTINGS}, layers)
+    values = {_BY_NAME[name].attr: value for name, value in merged.values.items()}
+    cfg = Config(**values, **(extra or {}), source=merged.source)
+    if merged.errors:
+        return cfg, merged.errors
+    return cfg, [f"{where}{problem}" for problem in _cross_check(cfg)]
+
+
+def _with_named(
+    base: Config,
+    section: Mapping[str, Any],
+    config_path: str | None,
+    in_file: Mapping[str, tuple[Any, str]],
+    in_env: Mapping[str, tuple[Any, str]],
+    in_flags: Mapping[str, tuple[Any, str]],
+) -> tuple[Config, list[str]]:
+    """The named configurations, each merged file < named < env < flags and validated; the result is the
+    default one, carrying them all."""
+    errors: list[str] = []
+    label, default = section.get("label"), section.get("default")
+    try:
+        label = _label_key(label)
+    except ValueError as exc:
+        errors.append(f"{config_path}: configs.label: {exc}")
+    named_raw: Mapping[str, Mapping[str, Any]] = section.get("named") or {}
+    if default not in named_raw:
+        errors.append(f"{config_path}: configs.default: expected one of {', '.join(sorted(named_raw))}, "
+                      f"got {reprlib.repr(default)}")  # fmt: skip
+    built: dict[str, Config] = {}
+    for name, settings in named_raw.items():
+        layer = {key: (raw, f"{config_path}: configs.named.{name}.{key}") for key, raw in settings.items()}
+        extra = {"config_label": label, "config_default": default, "config_name": name}
+        layers = [Layer("file", in_file), Layer(f"config {name}", layer), Layer("env", in_env),
+                  Layer("flag", in_flags)]  # fmt: skip
+        cfg, problems = _merged(layers, extra, where=f"{config_path}: configs.named.{name}: ")
+        errors += problems
+        built[name] = cfg
+    if errors:
+        return base, errors
+    for cfg in built.values():
+        object.__setattr__(cfg, "named", built)  # frozen: every one knows them all, for the label's choice
+    return built[str(default)], []
+
+
+def _label_key(v: Any) -> str:
+    key = as_str(v)
+    prefix, _, name = key.rpartition("/")
+    if (
+        not name
+        or len(name) > 63
+        or not _CONFIG_NAME.fullmatch(name)
+        or (prefix and not _DNS_SUBDOMAIN.fullmatch(prefix))
+    ):
+        raise ValueError(f"expected a label key like nvidia.com/device-plugin.config, got {reprlib.repr(v)}")
+    return key
 
 
 def _from_env(s: Setting, environ: Mapping[str, str]) -> tuple[str, tuple[Any, str]] | None:
@@ -320,4 +459,14 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     return build(parser.parse_args(argv), environ)
 
 
-__all__ = ["CONFIG_VERSION", "SETTINGS", "Config", "ConfigError", "MountSpec", "build", "load_file", "parse"]
+__all__ = [
+    "CONFIG_VERSION",
+    "DEFAULT_CONFIG_LABEL",
+    "SETTINGS",
+    "Config",
+    "ConfigError",
+    "MountSpec",
+    "build",
+    "load_file",
+    "parse",
+]

@@ -96,8 +96,10 @@ class NodePublisher:
         prefix: str,
         snapshot: Callable[[], tuple[NodeInventory, Mapping[str, GpuHealth]]],
         retry_s: float = 10.0,
+        extra: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.api = core_v1
+        self.extra = extra  # more labels to keep set (the running named configuration and its mode)
         self.node = node
         self.prefix = prefix
         self.snapshot = snapshot
@@ -142,6 +144,8 @@ class NodePublisher:
         if not inv.gpus:
             return
         labels, annotation = node_labels(inv, self.prefix), gpus_annotation(inv, health)
+        if self.extra is not None:
+            labels.update(self.extra())
         if self._written == (labels, annotation):
             return
         current = self.api.read_node(self.node).metadata.labels or {}

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpufleet.deviceplugin.metrics import Metrics
 from gpufleet.deviceplugin.rm.devices import PluginDevice, ResourceSpec, build_devices, device_ids, gpu_of
@@ -113,6 +113,18 @@ class ResourceManager:
             self._events.close()
             self._events = None
         self.source.close()
+
+    def set_resources(self, resources: Sequence[ResourceSpec]) -> None:
+        """Serve these resources from now on (the node's named configuration changed). Discovery and the
+        health of every GPU are kept; only the devices each resource is made of are worked out anew."""
+        specs = {r.name: r for r in resources}
+        with self._lock:
+            state = self._state
+            gpus = state.inventory.gpus if state.inventory is not None else ()
+            known = {n: frozenset(d for g in gpus for d in device_ids(spec, g)) for n, spec in specs.items()}
+            self.resources = specs
+            self._state = replace(state, known=known, version=state.version + 1)
+        self._notify()
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from the health thread) after every device or health change."""
