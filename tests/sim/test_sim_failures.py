@@ -139,11 +139,12 @@ def test_gpu_lost_and_back(fresh_root: Roots, nvml: Runner) -> None:
         lost = [err(n.nvmlDeviceGetName, h3), err(n.nvmlDeviceGetMemoryInfo, h3),
                 err(n.nvmlDeviceGetHandleByIndex, 3), err(n.nvmlDeviceGetHandleByUUID, uuid),
                 err(n.nvmlDeviceGetTopologyCommonAncestor, h2, h3),
+                err(n.nvmlDeviceGetUUID, h3),  # nvml.h lists GPU_IS_LOST for GetUUID
                 n.nvmlDeviceGetCount(), n.nvmlDeviceGetName(h2)]
         control.inject({str(root)!r}, ["gpu", "3", "ok"])
         out([lost, n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByIndex(3))])
     """)
-    assert r == [["NVMLError_GpuIsLost"] * 5 + [8, "NVIDIA A100-SXM4-80GB"], 3]
+    assert r == [["NVMLError_GpuIsLost"] * 6 + [8, "NVIDIA A100-SXM4-80GB"], 3]
     assert (root / "events").read_text() == "xid 3 79\n"
 
 

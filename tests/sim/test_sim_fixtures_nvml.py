@@ -49,6 +49,11 @@ for i, h in enumerate(hs):
         mig = list(n.nvmlDeviceGetMigMode(h))
     except n.NVMLError as e:
         mig = type(e).__name__
+    try:
+        mig_max = n.nvmlDeviceGetMaxMigDeviceCount(h)
+    except n.NVMLError as e:
+        mig_max = type(e).__name__
+    mig_index = [err(n.nvmlDeviceGetMigDeviceHandleByIndex, h, k) for k in (0, 6, 7)]
     gpus.append({
         "index": n.nvmlDeviceGetIndex(h), "minor": n.nvmlDeviceGetMinorNumber(h),
         "name": n.nvmlDeviceGetName(h), "uuid": n.nvmlDeviceGetUUID(h), "serial": n.nvmlDeviceGetSerial(h),
@@ -58,6 +63,8 @@ for i, h in enumerate(hs):
         "cc": list(n.nvmlDeviceGetCudaComputeCapability(h)), "arch": n.nvmlDeviceGetArchitecture(h),
         "brand": n.nvmlDeviceGetBrand(h), "numa_id": err(n.nvmlDeviceGetNumaNodeId, h), "mem_aff": mem_aff,
         "persistence": n.nvmlDeviceGetPersistenceMode(h), "mig": mig,
+        "mig_max": mig_max, "mig_index": mig_index,
+        "is_mig": getattr(n.nvmlDeviceIsMigDeviceHandle(h), "value", None),
         "topo": [n.nvmlDeviceGetTopologyCommonAncestor(h, o) for o in hs],
         "links": links, "link_err": link_err, "fabric": fabric,
         "virt": n.nvmlDeviceGetVirtualizationMode(h),
@@ -187,6 +194,16 @@ def test_dgx_a100_nvlinks_two_per_switch(dump: Dump) -> None:
         assert g["mig"] == [0, 0]
 
 
+@pytest.mark.parametrize("fixture", ["dgx-a100", "hgx-h100"])
+def test_mig_device_handle_by_index_is_not_found_on_mig_gpus(fixture: str, dump: Dump) -> None:
+    """nvml.h: NOT_FOUND "if no valid MIG device was found at index" (consumers skip those),
+    INVALID_ARGUMENT for an index past the maximum; the handles themselves are full GPUs."""
+    for g in dump(fixture)["gpus"]:
+        assert g["mig_max"] == 0  # nvml.h: zero while MIG is not enabled (the fixtures start with it off)
+        assert g["mig_index"] == ["NVMLError_NotFound", "NVMLError_NotFound", "NVMLError_InvalidArgument"]
+        assert g["is_mig"] == 0
+
+
 def test_hgx_h100_nvlinks_and_fabric(dump: Dump) -> None:
     d = dump("hgx-h100")
     uuids = set()
@@ -205,6 +222,7 @@ def test_pcie_fixtures_have_no_nvlink_fabric_or_mig(fixture: str, dump: Dump) ->
         assert g["links"] == [] and g["link_err"] == "NVMLError_NotSupported"
         assert g["fabric"] == "NVMLError_NotSupported"
         assert g["mig"] == "NVMLError_NotSupported"
+        assert g["mig_index"] == ["NVMLError_NotSupported"] * 3  # "not supported by the device"
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)

@@ -12,11 +12,12 @@ import pytest
 
 from gpufleet_harness.sim import build as simbuild
 
-HEADER = Path("/usr/include/nvml.h")
+DEBIAN_HEADER = Path("/usr/include/nvml.h")
 
 
-def _header_functions() -> list[str]:
-    return sorted(set(re.findall(r"\bDECLDIR\s+\*?\s*(nvml\w+)\s*\(", HEADER.read_text(errors="replace"))))
+def _header_functions(header: Path | None = None) -> list[str]:
+    text = (header or simbuild.find_header()).read_text(errors="replace")
+    return sorted(set(re.findall(r"\bDECLDIR\s+\*?\s*(nvml\w+)\s*\(", text)))
 
 
 def _exported(lib: Path) -> set[str]:
@@ -101,3 +102,67 @@ def test_build_names_the_missing_compiler(monkeypatch: pytest.MonkeyPatch) -> No
 def test_build_main_prints_the_path(capsys: pytest.CaptureFixture[str], sim_lib: Path) -> None:
     assert simbuild.main([]) == 0
     assert capsys.readouterr().out.strip() == str(sim_lib)
+
+
+def test_exports_are_exactly_the_header_functions_plus_the_implemented(sim_lib: Path) -> None:
+    """The export count covers every function the chosen header declares, and nothing else but the few
+    implemented names a header may lack (nvmlErrorString; fabric/NUMA calls on the 11.8 header)."""
+    gen = simbuild._gen_stubs_module()
+    header = simbuild.find_header()
+    declared = set(gen.header_names(header.read_text(errors="replace")))
+    sources = [p.read_text() for p in sorted(simbuild.NATIVE_DIR.glob("*.c"))]
+    implemented = gen.implemented_names(sources)
+    _, stubbed = gen.stubs_source(header.read_text(errors="replace"), sources)
+    exported = _exported(sim_lib)
+    assert exported == declared | implemented
+    assert len(exported) == len(declared) + len(implemented - declared)
+    assert set(stubbed) == declared - implemented
+    assert implemented - declared <= {"nvmlErrorString", "nvmlDeviceGetGpuFabricInfo",
+                                      "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetNumaNodeId"}
+
+
+def test_header_order_env_then_package_then_debian(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "nvml.h"
+    fake.write_text("/* empty */\n")
+    monkeypatch.setenv("GPUFLEET_NVML_H", str(fake))
+    assert simbuild.find_header() == fake
+    monkeypatch.delenv("GPUFLEET_NVML_H")
+    packaged = simbuild.packaged_header()
+    if packaged is not None:
+        assert packaged.name == "nvml.h" and "site-packages" in str(packaged)
+        assert simbuild.find_header() == packaged
+    monkeypatch.setattr(simbuild, "packaged_header", lambda: None)
+    monkeypatch.setattr(simbuild, "DEFAULT_HEADER", fake)
+    assert simbuild.find_header() == fake
+
+
+def test_packaged_header_is_the_newest_api() -> None:
+    packaged = simbuild.packaged_header()
+    if packaged is None:
+        pytest.skip("nvidia-nvml-dev is not installed (pip install -e .[harness])")
+    m = re.search(r"#define\s+NVML_API_VERSION\s+(\d+)", packaged.read_text(errors="replace"))
+    assert m and int(m.group(1)) >= 13
+    names = _header_functions(packaged)
+    # MIG and the handle/fabric calls NVIDIA's k8s-device-plugin links are declared there.
+    assert {"nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuFabricInfoV",
+            "nvmlDeviceGetHandleByUUIDV", "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlInit",
+            "nvmlDeviceGetPciInfo"} <= set(names)
+    if DEBIAN_HEADER.is_file():
+        assert len(names) > len(_header_functions(DEBIAN_HEADER))
+
+
+@pytest.mark.parametrize("which", ["debian", "package"])
+def test_builds_with_werror_against_both_headers(which: str, monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    header = DEBIAN_HEADER if which == "debian" else simbuild.packaged_header()
+    if header is None or not header.is_file():
+        pytest.skip(f"no {which} nvml.h here")
+    monkeypatch.setenv("GPUFLEET_NVML_H", str(header))
+    monkeypatch.setenv("GPUFLEET_CACHE", str(tmp_path))
+    lib = simbuild.build_library()
+    assert lib.is_relative_to(tmp_path)
+    assert "-Werror" in simbuild.CFLAGS
+    exported = _exported(lib)
+    assert set(_header_functions(header)) <= exported
+    assert {"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetMigDeviceHandleByIndex",
+            "nvmlErrorString"} <= exported

@@ -1,5 +1,8 @@
 """Build the simulated `libnvidia-ml.so.1` from `native/` against NVIDIA's real `nvml.h`.
 
+The header is $GPUFLEET_NVML_H, else the one PyPI's `nvidia-nvml-dev` installs (the newest NVML API,
+the harness extra depends on it), else Debian's /usr/include/nvml.h.
+
 The library lands in a cache keyed by a hash of the sources, the header and the compiler command:
 `${GPUFLEET_CACHE:-~/.cache/gpufleet}/sim/<hash>/libnvidia-ml.so.1`. A cached build is reused, so
 calling `build_library()` from every test session costs one stat.
@@ -10,6 +13,7 @@ calling `build_library()` from every test session costs one stat.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -20,6 +24,8 @@ from pathlib import Path
 
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 DEFAULT_HEADER = Path("/usr/include/nvml.h")
+# PyPI package with NVIDIA's current nvml.h (it lands in site-packages/nvidia/cu<N>/include/).
+NVML_DEV_PACKAGE = "nvidia-nvml-dev"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-std=gnu11"]
 # Only NVML's names are exported; internal helpers stay local.
@@ -36,11 +42,28 @@ def cache_dir() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "gpufleet"
 
 
+def packaged_header() -> Path | None:
+    """nvml.h of the installed PyPI package `nvidia-nvml-dev` (NVIDIA's current header), if any."""
+    try:
+        dist = importlib.metadata.distribution(NVML_DEV_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or []:
+        if f.name == "nvml.h":
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    return None
+
+
 def find_header() -> Path:
-    """nvml.h to compile against: $GPUFLEET_NVML_H or /usr/include/nvml.h."""
-    header = Path(os.environ.get("GPUFLEET_NVML_H", str(DEFAULT_HEADER)))
+    """nvml.h to compile against, the first of: $GPUFLEET_NVML_H, the `nvidia-nvml-dev` package's header,
+    /usr/include/nvml.h (Debian libnvidia-ml-dev)."""
+    explicit = os.environ.get("GPUFLEET_NVML_H")
+    header = Path(explicit) if explicit else (packaged_header() or DEFAULT_HEADER)
     if not header.is_file():
         raise BuildError(f"{header} not found: NVIDIA's NVML header is needed to build the GPU simulator; "
+                         f"pip install {NVML_DEV_PACKAGE} (the harness extra) or "
                          "apt-get install libnvidia-ml-dev (Debian non-free)")
     return header
 

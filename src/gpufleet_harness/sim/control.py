@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.files import atomic_write
 from gpufleet_harness.sim import machine as simmachine
 
 
@@ -17,7 +18,7 @@ class InjectError(ValueError):
     """An injection that makes no sense for this root (bad words, GPU index out of range, ...)."""
 
 
-USAGE = ("driver loaded|unloaded, fabricmanager running|stopped, gpu N lost|ok, xid N CODE, "
+USAGE = ("driver loaded|unloaded, fabricmanager running|stopped, gpu N lost|ok|reset, xid N CODE [GI CI], "
          "ecc-dbe N COUNT, library missing|present")
 
 
@@ -54,9 +55,52 @@ def save_control(root: str | os.PathLike[str], state: ControlState) -> None:
                              lost=state.lost)
 
 
-def append_event(root: str | os.PathLike[str], kind: str, gpu: int, value: int) -> None:
-    """Append one event line (`xid GPU CODE` / `ecc-dbe GPU COUNT`) in a single write()."""
-    line = f"{kind} {gpu} {value}\n".encode()
+def reset_gpu_mig(root: str | os.PathLike[str], machine: dict, gpu: int) -> None:
+    """A GPU reset as the driver sees it for MIG: the pending MIG mode becomes current and the GPU's GPU
+    and compute instances are gone. Rewrites the root's `mig` file (see native/mig.c) atomically."""
+    path = Path(root) / "mig"
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    modes: dict[int, tuple[int, int]] = {}
+    kept: list[str] = []
+    for raw in lines:
+        words = raw.split()
+        if len(words) >= 4 and words[0] == "mode" and all(w.isdigit() for w in words[1:4]):
+            modes[int(words[1])] = (int(words[2]), int(words[3]))
+        elif len(words) >= 2 and words[0] in ("gi", "ci") and words[1].isdigit() and int(words[1]) != gpu:
+            kept.append(raw)
+    g = machine["gpus"][gpu]
+    if g.get("mig_mode") is not None:
+        _, pending = modes.get(gpu, (g["mig_mode"]["current"], g["mig_mode"]["pending"]))
+        modes[gpu] = (pending, pending)
+    out = ["# MIG state of the simulated driver (gpufleet GPU simulator); rewritten by libnvidia-ml"]
+    out += [f"mode {i} {cur} {pend}" for i, (cur, pend) in sorted(modes.items())]
+    atomic_write(path, "\n".join(out + kept) + "\n")
+
+
+def mig_compute_instances(root: str | os.PathLike[str], gpu: int) -> set[tuple[int, int]]:
+    """(GPU-instance id, compute-instance id) of the GPU's compute instances, from the root's `mig` file."""
+    try:
+        lines = (Path(root) / "mig").read_text().splitlines()
+    except FileNotFoundError:
+        return set()
+    found = set()
+    for raw in lines:
+        words = raw.split()
+        if len(words) < 4 or words[0] != "ci" or not all(w.isdigit() for w in words[1:4]):
+            continue
+        if int(words[1]) == gpu:
+            found.add((int(words[2]), int(words[3])))
+    return found
+
+
+def append_event(root: str | os.PathLike[str], kind: str, gpu: int, value: int,
+                 mig: tuple[int, int] | None = None) -> None:
+    """Append one event line (`xid GPU CODE [GI CI]` / `ecc-dbe GPU COUNT`) in a single write()."""
+    where = f" {mig[0]} {mig[1]}" if mig else ""
+    line = f"{kind} {gpu} {value}{where}\n".encode()
     fd = os.open(Path(root) / "events", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -109,9 +153,13 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
         save_control(root, state)
         return f"fabricmanager {fm}"
     if what == "gpu":
-        if len(words) != 3 or words[2] not in ("lost", "ok"):
-            raise InjectError("usage: gpu N lost|ok")
+        if len(words) != 3 or words[2] not in ("lost", "ok", "reset"):
+            raise InjectError("usage: gpu N lost|ok|reset")
         n = _gpu(words[1], m)
+        if words[2] == "reset":
+            # nvidia-smi -r: a pending MIG mode applies, MIG instances are gone, a lost GPU stays lost.
+            reset_gpu_mig(root, m, n)
+            return f"gpu {n} reset"
         if words[2] == "lost":
             state.lost.add(n)
             save_control(root, state)
@@ -122,12 +170,18 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
             save_control(root, state)
         return f"gpu {n} {words[2]}"
     if what in ("xid", "ecc-dbe"):
-        if len(words) != 3:
-            raise InjectError(f"usage: {what} N {'CODE' if what == 'xid' else 'COUNT'}")
+        if not (len(words) == 3 or (what == "xid" and len(words) == 5)):
+            raise InjectError(f"usage: {what} N {'CODE [GI CI]' if what == 'xid' else 'COUNT'}")
         n = _gpu(words[1], m)
         value = _int(words[2], "XID code" if what == "xid" else "error count")
-        append_event(root, what, n, value)
-        return f"{what} {n} {value}"
+        mig = None
+        if len(words) == 5:
+            # An XID inside a MIG device: its GPU- and compute-instance ids, which must exist.
+            mig = (_int(words[3], "GPU instance id"), _int(words[4], "compute instance id"))
+            if mig not in mig_compute_instances(root, n):
+                raise InjectError(f"GPU {n} has no compute instance {mig[1]} in GPU instance {mig[0]}")
+        append_event(root, what, n, value, mig)
+        return f"{what} {n} {value}" + (f" (GI {mig[0]} CI {mig[1]})" if mig else "")
     if what == "library":
         present = _choice(words, ("missing", "present")) == "present"
         try:

@@ -242,6 +242,43 @@ def expand(fixture: str | os.PathLike[str]) -> dict[str, Any]:
         raise FixtureError(f"{name}: not a machine description: {reprlib.repr(str(exc))}") from None
 
 
+# MIG GPU-instance profiles per model, as `nvidia-smi mig -lgip` lists them in NVIDIA's MIG user guide:
+# (NVML_GPU_INSTANCE_PROFILE_* index, profile id, name, compute slices, memory slices per placement
+# (`placement.size`), instances, SMs, copy engines, decoders, encoders, JPEG, OFA, memory MiB (the
+# guide's GiB figure times 1024), placement starts). Eight memory slices, seven compute slices on both.
+_MigRow = tuple[int, int, str, int, int, int, int, int, int, int, int, int, int, tuple[int, ...]]
+MIG_PROFILES: dict[str, list[_MigRow]] = {
+    "a100-sxm4-80gb": [
+        (0, 19, "1g.10gb", 1, 1, 7, 14, 1, 0, 0, 0, 0, 9728, (0, 1, 2, 3, 4, 5, 6)),
+        (7, 20, "1g.10gb+me", 1, 1, 1, 14, 1, 1, 0, 1, 1, 9728, (0, 1, 2, 3, 4, 5, 6)),
+        (9, 15, "1g.20gb", 1, 2, 4, 14, 1, 1, 0, 0, 0, 19968, (0, 2, 4, 6)),
+        (1, 14, "2g.20gb", 2, 2, 3, 28, 2, 1, 0, 0, 0, 19968, (0, 2, 4)),
+        (2, 9, "3g.40gb", 3, 4, 2, 42, 3, 2, 0, 0, 0, 40192, (0, 4)),
+        (3, 5, "4g.40gb", 4, 4, 1, 56, 4, 2, 0, 0, 0, 40192, (0,)),
+        (4, 0, "7g.80gb", 7, 8, 1, 98, 7, 5, 0, 1, 1, 80640, (0,)),
+    ],
+    "h100-80gb": [
+        (0, 19, "1g.10gb", 1, 1, 7, 16, 1, 1, 0, 1, 0, 9984, (0, 1, 2, 3, 4, 5, 6)),
+        (7, 20, "1g.10gb+me", 1, 1, 1, 16, 1, 1, 0, 1, 1, 9984, (0, 1, 2, 3, 4, 5, 6)),
+        (9, 15, "1g.20gb", 1, 2, 4, 26, 1, 1, 0, 1, 0, 20096, (0, 2, 4, 6)),
+        (1, 14, "2g.20gb", 2, 2, 3, 32, 2, 2, 0, 2, 0, 20096, (0, 2, 4)),
+        (2, 9, "3g.40gb", 3, 4, 2, 60, 3, 3, 0, 3, 0, 40448, (0, 4)),
+        (3, 5, "4g.40gb", 4, 4, 1, 64, 4, 4, 0, 4, 0, 40448, (0,)),
+        (4, 0, "7g.80gb", 7, 8, 1, 132, 8, 7, 0, 7, 1, 81152, (0,)),
+    ],
+}
+_MIG_KEYS = ("profile", "id", "name", "slices", "size", "instances", "sm", "ce", "dec", "enc", "jpeg", "ofa",
+             "memory_mib", "placements")
+
+
+def mig_profiles(table: str) -> list[dict[str, Any]]:
+    """A MIG profile table as machine.json carries it."""
+    if table not in MIG_PROFILES:
+        raise FixtureError(f"gpu.mig_profiles must be one of {sorted(MIG_PROFILES)}, "
+                           f"got {reprlib.repr(table)}")
+    return [dict(zip(_MIG_KEYS, (*row[:-1], list(row[-1])), strict=True)) for row in MIG_PROFILES[table]]
+
+
 def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     host = dict(_mapping(fx.get("host") or {}, "host"))
     model = _mapping(fx["gpu"], "gpu")
@@ -263,6 +300,9 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     brand = BRANDS[_text(model.get("brand", "nvidia"), "gpu.brand").lower()]
     ecc = bool(model.get("ecc", True))
     mig = bool(model.get("mig_capable", False))
+    profiles = mig_profiles(_text(model.get("mig_profiles"), "gpu.mig_profiles")) if mig else []
+    # Ampere applies a MIG mode change at the next GPU reset; Hopper and later without one.
+    mig_reset = arch < ARCHITECTURES["hopper"]
     events = EVENT_PSTATE | EVENT_XID | EVENT_CLOCK | (EVENT_SBE | EVENT_DBE if ecc else 0) | (
         EVENT_MIG if mig else 0)
     sub_vendor, sub_device = (_int(v, "gpu.pci_subsystem", 0, 0xFFFF) for v in model["pci_subsystem"])
@@ -307,6 +347,7 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             "gpu_numa_node": None,
             "persistence_mode": 1,
             "mig_mode": {"current": 0, "pending": 0} if mig else None,
+            "mig": {"reset_required": mig_reset, "profiles": profiles} if mig else None,
             "ecc": ecc,
             "nvlinks": nvlinks,
             "fabric": {"cluster_uuid": fabric_uuid, "clique_id": clique} if fabric else None,

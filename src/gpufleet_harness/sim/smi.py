@@ -79,6 +79,7 @@ class Row:
     pci_subsystem_id: int | None = None
     memory_used: int | None = None
     memory_free: int | None = None
+    mig_devices: list[tuple[str, str]] | None = None  # (profile name, MIG UUID) in MIG device order
 
 
 def host_root() -> Path:
@@ -109,7 +110,29 @@ class Session:
         memory = self.nv.call(f"GPU {gpu.index}", self.nv.nv.nvmlDeviceGetMemoryInfo, handle)
         row.pci_device_id, row.pci_subsystem_id = int(pci.pciDeviceId), int(pci.pciSubSystemId)
         row.memory_used, row.memory_free = int(memory.used), int(memory.free)
+        row.mig_devices = self._mig_devices(handle)
         return row
+
+    def _mig_devices(self, handle: Any) -> list[tuple[str, str]]:
+        """The GPU's MIG devices, walked as NVML consumers do: indexes 0..max-1, NOT_FOUND skipped."""
+        nv = self.nv.nv
+        try:
+            current, _ = nv.nvmlDeviceGetMigMode(handle)
+            if current != nv.NVML_DEVICE_MIG_ENABLE:
+                return []
+            count = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nv.NVMLError:
+            return []
+        found = []
+        for i in range(count):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                name, uuid = nv.nvmlDeviceGetName(mig), nv.nvmlDeviceGetUUID(mig)
+            except nv.NVMLError:
+                continue
+            name, uuid = (v.decode() if isinstance(v, bytes) else v for v in (name, uuid))
+            found.append((name.rsplit(" MIG ", 1)[-1], uuid))
+        return found
 
     def select(self, ids: str | None) -> list[Row]:
         """Rows named by `-i`: indices, UUIDs or PCI bus ids, comma-separated; all when None."""
@@ -230,11 +253,16 @@ def lost_line(gpu: Gpu) -> str:
 
 
 def list_gpus(rows: list[Row]) -> str:
-    """`-L`: one line per GPU, as nvidia-smi prints it."""
-    lines = [
-        lost_line(row.gpu) if row.gpu.lost else f"GPU {row.gpu.index}: {row.gpu.model} (UUID: {row.gpu.uuid})"
-        for row in rows
-    ]
+    """`-L`: one line per GPU, as nvidia-smi prints it, each followed by its MIG devices
+    ("  MIG 1g.10gb     Device  0: (UUID: MIG-...)")."""
+    lines = []
+    for row in rows:
+        if row.gpu.lost:
+            lines.append(lost_line(row.gpu))
+            continue
+        lines.append(f"GPU {row.gpu.index}: {row.gpu.model} (UUID: {row.gpu.uuid})")
+        for i, (profile, uuid) in enumerate(row.mig_devices or []):
+            lines.append(f"  MIG {profile:<11} Device {i:>2}: (UUID: {uuid})")
     return "\n".join(lines) + "\n"
 
 

@@ -158,8 +158,36 @@ static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, cons
     g->cc_minor = (int)sj_int(sj_at(cc, 1), 0);
     g->persistence = (int)sj_int(sj_get(j, "persistence_mode"), 1);
     g->has_mig = !sj_is_null(mig);
-    g->mig_current = (unsigned)sj_int(sj_get(mig, "current"), 0);
-    g->mig_pending = (unsigned)sj_int(sj_get(mig, "pending"), 0);
+    g->mig_current = g->mig_default_current = (unsigned)sj_int(sj_get(mig, "current"), 0);
+    g->mig_pending = g->mig_default_pending = (unsigned)sj_int(sj_get(mig, "pending"), 0);
+    if (g->has_mig) {
+        const sj_value *migj = sj_get(j, "mig"), *profs = sj_get(migj, "profiles");
+        g->mig_reset_required = (int)sj_int(sj_get(migj, "reset_required"), 1);
+        g->nmig_profiles = profs && profs->type == SJ_ARR ? (unsigned)profs->len : 0;
+        if (g->nmig_profiles > SIM_MIG_MAX_PROFILES) return fail_load(err, errlen, "too many MIG profiles");
+        for (k = 0; k < g->nmig_profiles; k++) {
+            const sj_value *p = sj_at(profs, k), *pl = sj_get(p, "placements");
+            sim_mig_profile *m = &g->mig_profiles[k];
+            m->profile = (unsigned)sj_int(sj_get(p, "profile"), 0);
+            m->id = (unsigned)sj_int(sj_get(p, "id"), 0);
+            copy_field(m->name, sizeof m->name, sj_get(p, "name"), "");
+            m->slices = (unsigned)sj_int(sj_get(p, "slices"), 1);
+            m->size = (unsigned)sj_int(sj_get(p, "size"), 1);
+            m->instances = (unsigned)sj_int(sj_get(p, "instances"), 1);
+            m->sm = (unsigned)sj_int(sj_get(p, "sm"), 0);
+            m->ce = (unsigned)sj_int(sj_get(p, "ce"), 0);
+            m->dec = (unsigned)sj_int(sj_get(p, "dec"), 0);
+            m->enc = (unsigned)sj_int(sj_get(p, "enc"), 0);
+            m->jpeg = (unsigned)sj_int(sj_get(p, "jpeg"), 0);
+            m->ofa = (unsigned)sj_int(sj_get(p, "ofa"), 0);
+            m->memory_mib = (unsigned long long)sj_int(sj_get(p, "memory_mib"), 0);
+            m->nplacements = pl && pl->type == SJ_ARR ? (unsigned)pl->len : 0;
+            if (m->nplacements > SIM_MIG_MEM_SLICES || m->slices == 0 || m->slices > SIM_MIG_COMPUTE_SLICES ||
+                (m->size != 1 && m->size != 2 && m->size != 4 && m->size != 8))
+                return fail_load(err, errlen, "a MIG profile has bad slices, size or placements");
+            for (c = 0; c < m->nplacements; c++) m->placements[c] = (unsigned)sj_int(sj_at(pl, c), 0);
+        }
+    }
     g->ecc = (int)sj_int(sj_get(j, "ecc"), 1);
     g->nlinks = links && links->type == SJ_ARR ? (unsigned)links->len : 0;
     if (g->nlinks > SIM_MAX_LINKS) return fail_load(err, errlen, "a gpu has more NVLinks than NVML allows");
@@ -302,16 +330,25 @@ nvmlReturn_t sim_enter(void)
     if (g_sim.refcount <= 0) return sim_leave(NVML_ERROR_UNINITIALIZED);
     control_refresh(0);
     if (!g_sim.driver_loaded) return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    sim_mig_refresh(0);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t sim_check_dev(nvmlDevice_t device)
 {
     uintptr_t p = (uintptr_t)device, base = (uintptr_t)&g_sim.gpus[0];
-    if (!device || p < base || p >= (uintptr_t)&g_sim.gpus[g_sim.ngpus] ||
-        (p - base) % sizeof(struct nvmlDevice_st) != 0)
+    uintptr_t mbase = (uintptr_t)&g_sim.migdevs[0][0];
+    if (device && p >= base && p < (uintptr_t)&g_sim.gpus[g_sim.ngpus] &&
+        (p - base) % sizeof(struct nvmlDevice_st) == 0) {
+        /* a full GPU */
+    } else if (device && p >= mbase &&
+               p < (uintptr_t)(&g_sim.migdevs[0][0] + SIM_MAX_GPUS * SIM_MIG_COMPUTE_SLICES) &&
+               (p - mbase) % sizeof(struct nvmlDevice_st) == 0 && device->is_mig) {
+        /* a MIG device handle whose compute instance exists */
+    } else {
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (g_sim.lost[device - g_sim.gpus]) return NVML_ERROR_GPU_IS_LOST;
+    }
+    if (g_sim.lost[device->index]) return NVML_ERROR_GPU_IS_LOST;
     return NVML_SUCCESS;
 }
 
@@ -346,6 +383,7 @@ nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags)
     }
     control_refresh(1);
     if (!g_sim.driver_loaded) return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (g_sim.refcount == 0) sim_mig_refresh(1);
     /* A kernel module that does not match the library is refused, as the real library does. */
     if (strcmp(g_sim.kmod_version, g_sim.driver_version) != 0)
         return sim_leave(NVML_ERROR_LIB_RM_VERSION_MISMATCH);

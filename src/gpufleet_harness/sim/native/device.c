@@ -66,6 +66,16 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
     NEED(uuid && device);
     for (i = 0; i < g_sim.ngpus; i++)
         if (strcasecmp(uuid, g_sim.gpus[i].uuid) == 0) return handle_for((int)i, device);
+    /* MIG-<uuid>: the MIG device handle, as NVML resolves MIG UUIDs too. */
+    for (i = 0; i < g_sim.ngpus; i++) {
+        unsigned k;
+        for (k = 0; k < g_sim.nmigdevs[i]; k++)
+            if (strcasecmp(uuid, g_sim.migdevs[i][k].uuid) == 0) {
+                if (g_sim.lost[i]) return sim_leave(NVML_ERROR_GPU_IS_LOST);
+                *device = &g_sim.migdevs[i][k];
+                return sim_leave(NVML_SUCCESS);
+            }
+    }
     return sim_leave(NVML_ERROR_NOT_FOUND);
 }
 
@@ -399,32 +409,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnabl
     return sim_leave(NVML_SUCCESS);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
-{
-    ENTER(device);
-    NEED(currentMode && pendingMode);
-    if (!device->has_mig) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
-    *currentMode = device->mig_current;
-    *pendingMode = device->mig_pending;
-    return sim_leave(NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
-{
-    ENTER(device);
-    NEED(isMigDevice);
-    *isMigDevice = 0; /* MIG is never enabled in the simulator: every handle is a full GPU */
-    return sim_leave(NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
-{
-    ENTER(device);
-    NEED(count);
-    if (!device->has_mig) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
-    *count = 7;
-    return sim_leave(NVML_SUCCESS);
-}
+/* MIG mode, MIG device handles and instances: mig.c */
 
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
 {
@@ -737,8 +722,9 @@ static void fabric_values(unsigned *state, nvmlReturn_t *status)
     }
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, simGpuFabricInfo_t *info)
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, simGpuFabricInfoArg_t *arg)
 {
+    simGpuFabricInfo_t *info = (simGpuFabricInfo_t *)arg;
     ENTER(device);
     NEED(info);
     if (!device->has_fabric) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
@@ -751,8 +737,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, simGpuFabri
     return sim_leave(NVML_SUCCESS);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, simGpuFabricInfoV_t *info)
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, simGpuFabricInfoVArg_t *arg)
 {
+    simGpuFabricInfoV_t *info = (simGpuFabricInfoV_t *)arg;
     unsigned version;
     size_t size;
     ENTER(device);

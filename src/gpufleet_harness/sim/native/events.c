@@ -79,17 +79,21 @@ nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
     return sim_leave(NVML_SUCCESS);
 }
 
-/* Parse one event line; 0 if it is not an event we know. */
-static int parse_event(const char *line, unsigned *gpu, unsigned long long *type, unsigned long long *data)
+/* Parse one event line; 0 if it is not an event we know. `xid GPU CODE GI CI` is an XID inside a MIG
+ * device: NVML reports it on the parent GPU with the instance ids set. */
+static int parse_event(const char *line, unsigned *gpu, unsigned long long *type, unsigned long long *data,
+                       unsigned *gi, unsigned *ci)
 {
     char kind[16];
     unsigned long long value;
-    if (sscanf(line, "%15s %u %llu", kind, gpu, &value) != 3) return 0;
+    *gi = *ci = 0xFFFFFFFFu; /* not attributable to a MIG instance */
+    if (sscanf(line, "%15s %u %llu %u %u", kind, gpu, &value, gi, ci) < 3) return 0;
     if (strcmp(kind, "xid") == 0) {
         *type = nvmlEventTypeXidCriticalError;
         *data = value;
         return 1;
     }
+    *gi = *ci = 0xFFFFFFFFu;
     if (strcmp(kind, "ecc-dbe") == 0) {
         *type = nvmlEventTypeDoubleBitEccError;
         *data = 0; /* NVML: eventData is 0 for everything but XIDs */
@@ -110,16 +114,17 @@ static int take_event(struct nvmlEventSet_st *s, nvmlEventData_t *out, unsigned 
     if (f && fseeko(f, (off_t)s->offset, SEEK_SET) == 0) {
         while (!found && fgets(line, sizeof line, f)) {
             size_t n = strlen(line);
-            unsigned gpu;
+            unsigned gpu, gi, ci;
             unsigned long long type, data;
             if (n == 0 || line[n - 1] != '\n') break; /* a line still being written: read it next time */
             s->offset += (long long)n;
-            if (!parse_event(line, &gpu, &type, &data) || gpu >= ngpus || !(s->mask[gpu] & type)) continue;
+            if (!parse_event(line, &gpu, &type, &data, &gi, &ci) || gpu >= ngpus || !(s->mask[gpu] & type))
+                continue;
             out->device = &g_sim.gpus[gpu];
             out->eventType = type;
             out->eventData = data;
-            out->gpuInstanceId = 0xFFFFFFFFu;     /* not attributable to a MIG instance */
-            out->computeInstanceId = 0xFFFFFFFFu;
+            out->gpuInstanceId = gi;
+            out->computeInstanceId = ci;
             found = 1;
         }
     }

@@ -51,10 +51,22 @@ typedef struct {
 #define SIM_GPU_FABRIC_INFO_V2 0x02000024u /* sizeof v2 (36) | 2 << 24 */
 #define SIM_GPU_FABRIC_INFO_V3 0x03000028u /* sizeof v3 (40) | 3 << 24 */
 
-/* Prototypes of the newer functions we implement (no declaration in the 11.8 header). */
+/* Newer headers (R535 on) declare the fabric calls with their own structs, whose layouts the sim types
+ * above match byte for byte (`state` is an unsigned char there, followed by padding): the functions
+ * take the header's types and fill the sim view of the same memory. The 11.8 header declares none of
+ * them, so the sim types stand in and we declare the prototypes ourselves. */
+#ifdef NVML_GPU_FABRIC_UUID_LEN
+typedef nvmlGpuFabricInfo_t simGpuFabricInfoArg_t;
+typedef nvmlGpuFabricInfoV_t simGpuFabricInfoVArg_t;
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == sizeof(simGpuFabricInfo_t), "nvmlGpuFabricInfo_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfoV_t) == sizeof(simGpuFabricInfoV_t), "nvmlGpuFabricInfoV_t layout");
+#else
+typedef simGpuFabricInfo_t simGpuFabricInfoArg_t;
+typedef simGpuFabricInfoV_t simGpuFabricInfoVArg_t;
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, simGpuFabricInfo_t *info);
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, simGpuFabricInfoV_t *info);
 nvmlReturn_t DECLDIR nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node);
+#endif
 
 /* ---- simulated machine ---- */
 
@@ -63,6 +75,40 @@ typedef struct {
     unsigned int remote_device_id; /* pciDeviceId of the far end (NVSwitch or GPU) */
     int remote_type;               /* nvmlIntNvLinkDeviceType_t */
 } sim_link;
+
+/* ---- MIG ---- */
+
+#define SIM_MIG_MAX_PROFILES 12
+#define SIM_MIG_MEM_SLICES 8      /* memory slices of an A100 / H100 */
+#define SIM_MIG_COMPUTE_SLICES 7  /* compute slices: at most seven instances, seven MIG devices */
+#define SIM_MIG_MAX_GI_ID 14      /* GPU-instance ids 0..13 (see mig.c) */
+#define SIM_MIG_MAX_CI 8          /* compute-instance ids 0..7 within one GPU instance */
+
+typedef struct {
+    unsigned profile;              /* NVML_GPU_INSTANCE_PROFILE_* index */
+    unsigned id;                   /* profile id (nvmlGpuInstanceProfileInfo_t.id) */
+    char name[32];                 /* "1g.10gb" */
+    unsigned slices, size, instances, sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mib;
+    unsigned nplacements;
+    unsigned placements[SIM_MIG_MEM_SLICES];
+} sim_mig_profile;
+
+/* nvmlGpuInstance_t / nvmlComputeInstance_t point into static tables indexed by id, so a handle stays
+ * the same object for the lifetime of the instance (and is reused, as NVML reuses ids). */
+struct nvmlGpuInstance_st {
+    int used;
+    unsigned gpu, id;
+    int prof;                      /* index into the GPU's profile table */
+    unsigned start, size;          /* memory-slice placement */
+};
+
+struct nvmlComputeInstance_st {
+    int used;
+    struct nvmlGpuInstance_st *gi;
+    unsigned id, profile;          /* NVML_COMPUTE_INSTANCE_PROFILE_* (= its profile id) */
+    unsigned start, size;          /* compute-slice placement within the GPU instance */
+};
 
 /* The opaque nvmlDevice_t of the real header: handles point into a static array, so a handle held
  * across nvmlShutdown/nvmlInit never dangles. */
@@ -82,6 +128,14 @@ struct nvmlDevice_st {
     int persistence;
     int has_mig;
     unsigned int mig_current, mig_pending;
+    unsigned int mig_default_current, mig_default_pending; /* machine.json's, before the mig file */
+    int mig_reset_required;        /* Ampere: a mode change waits for a GPU reset */
+    unsigned nmig_profiles;
+    sim_mig_profile mig_profiles[SIM_MIG_MAX_PROFILES];
+    /* MIG device handles (one per compute instance): */
+    int is_mig;
+    struct nvmlDevice_st *parent;
+    struct nvmlComputeInstance_st *ci;
     int ecc;
     unsigned int nlinks;
     sim_link links[SIM_MAX_LINKS];
@@ -123,6 +177,17 @@ typedef struct {
     long long ctl_mtime_ns;
     int driver_loaded, fm_running;
     unsigned char lost[SIM_MAX_GPUS];
+
+    /* MIG state (the `mig` file of the sim root), re-read when its identity changes */
+    int mig_valid;
+    dev_t mig_dev;
+    ino_t mig_ino;
+    off_t mig_size;
+    long long mig_mtime_ns;
+    struct nvmlGpuInstance_st gis[SIM_MAX_GPUS][SIM_MIG_MAX_GI_ID];
+    struct nvmlComputeInstance_st cis[SIM_MAX_GPUS][SIM_MIG_MAX_GI_ID][SIM_MIG_MAX_CI];
+    struct nvmlDevice_st migdevs[SIM_MAX_GPUS][SIM_MIG_COMPUTE_SLICES];
+    unsigned nmigdevs[SIM_MAX_GPUS];
 } sim_state;
 
 extern sim_state g_sim;
@@ -140,6 +205,9 @@ nvmlReturn_t sim_leave(nvmlReturn_t ret);
 nvmlReturn_t sim_copy_str(char *dst, unsigned int length, const char *src);
 /* Path of a file in the sim root. */
 void sim_path(char *out, size_t outlen, const char *name);
+
+/* Re-read the sim root's `mig` file if it changed (force: always). Lock held. */
+void sim_mig_refresh(int force);
 
 /* Index of the GPU with this PCI bus id (any accepted form); -1 none, -2 malformed. Lock held. */
 int sim_find_bus_id(const char *text);
