@@ -553,3 +553,90 @@ def test_gpu_memory_pod_gets_the_gpu_the_extender_assigned(
         return LOCK_ANNOTATION not in _plain(core.read_node(node))["metadata"].get("annotations", {})
 
     wait_for("the bind-lock released", lock_released, DEADLINE)
+
+
+# -- 6. named configurations, picked by a node label (issue 16) --------------------------------------------
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+NAMED_CONFIGS = """\
+version: v1
+configs:
+  default: training
+  named:
+    training: {}
+    inference:
+      sharing: {mode: time-slicing, time_slicing: {replicas: 4}}
+"""
+
+
+@pytest.fixture
+def labelled_node(core: k8s.CoreV1Api, kubelet_node: KubeletNode) -> Iterator[KubeletNode]:
+    """The lab node; its configuration label and the gpufleet labels are removed again afterwards."""
+    yield kubelet_node
+    meta = _plain(core.read_node(kubelet_node.name))["metadata"]
+    ours = [k for k in meta.get("labels", {}) if k.startswith("gpufleet.io/") and k != "gpufleet.io/lab-node"]
+    labels = dict.fromkeys([*ours, CONFIG_LABEL])
+    annotations = {k: None for k in meta.get("annotations", {}) if k.startswith("gpufleet.io/")}
+    core.patch_node(kubelet_node.name, {"metadata": {"labels": labels, "annotations": annotations}})
+
+
+def test_node_label_switches_the_named_configuration_and_running_pods_stay(
+    core: k8s.CoreV1Api,
+    control_plane: ControlPlane,
+    labelled_node: KubeletNode,
+    namespace: str,
+    start_plugin: Callable[..., PluginRun],
+    gpu_pods: Callable[..., k8s.V1Pod],
+    tmp_path: Path,
+) -> None:
+    """One configuration file, two named configurations: the node's label picks one, the plugin follows a
+    change live (a watch on its Node), the kubelet re-reads the resource, and a pod started before the
+    switch keeps running with its GPU. An unknown name is refused with a Warning event on the node."""
+    node = labelled_node.name
+    config = tmp_path / "named.yaml"
+    config.write_text(NAMED_CONFIGS)
+    plugin = start_plugin(
+        "dgx-a100", "--config", str(config), "--node-name", node, "--labels-enabled", "true",
+        "--kubernetes-kubeconfig", str(control_plane.kubeconfig()),
+    )  # fmt: skip
+    registered(plugin, core, 8)  # no label on the node: the default, whole GPUs
+
+    def published(config: str, mode: str) -> None:
+        def probe() -> bool:
+            labels = _plain(core.read_node(node))["metadata"].get("labels", {})
+            found = labels.get("gpufleet.io/device-plugin.config"), labels.get("gpufleet.io/gpu-sharing")
+            return found == (config, mode)
+
+        wait_for(f"labels of configuration {config} ({mode})", probe, DEADLINE, alive=plugin.check)
+
+    published("training", "none")
+    gpu_pods("before", {GPU: "1"}, node_name=node)
+    before = wait_running_report(core, namespace, "before")
+    assert len(before.visible) == 1
+
+    core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: "inference"}}})
+    plugin.wait_event("the switch", "node_config_applied", lambda e: e.get("config") == "inference")
+    wait_node_resource(core, node, GPU, "32", "32", plugin.check)  # 8 GPUs x 4 replicas
+    published("inference", "time-slicing")
+    # the pod admitted under the old configuration runs on, never restarted
+    status = _plain(core.read_namespaced_pod("before", namespace))["status"]
+    assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0
+    # and the new devices are allocatable: two pods on one GPU's replicas
+    gpu_pods("after", {GPU: "1"}, node_name=node)
+    assert len(wait_running_report(core, namespace, "after").visible) == 1
+
+    core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: "inferense"}}})
+    plugin.wait_event("the refusal", "node_config_unknown", lambda e: e.get("label") == "inferense")
+
+    def refusal() -> dict[str, Any] | None:
+        selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+        items = _plain(core.list_namespaced_event("default", field_selector=selector))["items"]
+        return next((e for e in items if e.get("reason") == "DevicePluginConfigUnknown"), None)
+
+    event = wait_for("the refusal's event on the node", refusal, DEADLINE, alive=plugin.check)
+    assert event["type"] == "Warning" and "known: inference, training" in event["message"], event
+    assert node_resource(core, node, GPU) == ("32", "32")  # the last good configuration stays
+
+    core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: None}}})  # label gone: the default again
+    plugin.wait_event("the switch back", "node_config_applied", lambda e: e.get("config") == "training")
+    wait_node_resource(core, node, GPU, "8", "8", plugin.check)
