@@ -30,6 +30,7 @@ from gpufleet.logs import log_event, setup_logging
 EXIT_CONFIG = 2
 EXIT_STARTUP = 1
 CONFIG_LABEL_NAME = "device-plugin.config"  # under labels.prefix: the named configuration running
+MIG_REFUSED_REASON = "DevicePluginMigLayoutInvalid"  # Event: a configuration's MIG strategy cannot serve
 
 
 class StartupError(Exception):
@@ -74,6 +75,7 @@ class App:
         self.supervisor: Supervisor | None = None
         self.ready = asyncio.Event()
         self._pending: configuration.Config | None = None  # the named configuration to switch to
+        self.specs = cfg.resources()  # what the running configuration serves, MIG worked out at start
 
     def _api(self) -> Any:
         if self.core_v1 is None:
@@ -106,6 +108,7 @@ class App:
         http = publisher = watcher = None
         self.rm.start()
         try:
+            self._resolve_mig()
             if self.cfg.http_port:
                 http = HttpEndpoint(self.cfg.http_address, self.cfg.http_port, self.metrics, self.healthz)
                 http.start()
@@ -138,11 +141,31 @@ class App:
                 http.stop()
             self.rm.stop()
 
+    def _resolve_mig(self) -> None:
+        """With a MIG strategy, the resources follow the GPUs discovered at start (one per MIG profile
+        with mixed); strategy single refuses a layout it cannot serve, as NVIDIA's plugin does."""
+        if self.cfg.mig_strategy == "none":
+            return
+        if not self.rm.ready:
+            log_event(
+                "mig_resources_unknown",
+                level="warning",
+                strategy=self.cfg.mig_strategy,
+                reason="GPUs not discovered at start: serving whole GPUs until a restart",
+            )
+        try:
+            self.specs = self.cfg.resources(self.rm.inventory() if self.rm.ready else None)
+        except configuration.MigLayoutError as exc:
+            raise StartupError(str(exc)) from None
+        self.rm.set_resources(self.specs)
+        names = ",".join(r.name for r in self.specs)
+        log_event("mig_resources", strategy=self.cfg.mig_strategy, resources=names)
+
     def _supervisor(self, cfg: configuration.Config, wakeup: Wakeup) -> Supervisor:
         """The plugin servers of one configuration, under a new supervisor (``self.supervisor``)."""
         opts = AllocateOptions.from_config(cfg)
         servers = []
-        for spec in cfg.resources():
+        for spec in self.specs:
             allocator = None
             if spec.kind is ResourceKind.MEMORY:
                 resolver = self.resolver or KubernetesPodResolver(self._api())
@@ -205,9 +228,15 @@ class App:
         new, self._pending = self._pending, None
         if new is None:
             return
-        old, self.cfg = self.cfg, new
-        resources = ", ".join(r.name for r in new.resources())
-        self.rm.set_resources(new.resources())
+        try:
+            specs = new.resources(self.rm.inventory() if self.rm.ready else None)
+        except configuration.MigLayoutError as exc:
+            log_event("node_config_refused", level="warning", config=new.config_name, error=str(exc))
+            self._event(MIG_REFUSED_REASON, f"{exc}; keeping {self.cfg.config_name!r}", warning=True)
+            return
+        old, self.cfg, self.specs = self.cfg, new, specs
+        resources = ", ".join(r.name for r in specs)
+        self.rm.set_resources(specs)
         self.metrics.inc("gpufleet_dp_config_switches_total")
         log_event(
             "node_config_applied", config=new.config_name, previous=old.config_name, resources=resources
@@ -252,7 +281,14 @@ class App:
         def snapshot() -> tuple[Any, Any]:
             return self.rm.inventory(), self.rm.gpu_health()
 
-        publisher = NodePublisher(api, cfg.node_name, cfg.labels_prefix, snapshot, extra=self.config_labels)
+        publisher = NodePublisher(
+            api,
+            cfg.node_name,
+            cfg.labels_prefix,
+            snapshot,
+            extra=self.config_labels,
+            mig_strategy=lambda: self.cfg.mig_strategy,
+        )
         self.rm.subscribe(publisher.poke)
         publisher.start()
         return publisher

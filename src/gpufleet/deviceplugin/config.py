@@ -7,7 +7,7 @@ underscores (`GPUFLEET_DP_HEALTH_PROBE_INTERVAL`). Errors name the source and th
 them are reported at once.
 
 Named configurations (the file's `configs` section) let one DaemonSet serve a mixed fleet: each name holds
-per-node settings (`resource_name`, `sharing.*`, `allocate.*`) over the file's base, a node
+per-node settings (`resource_name`, `sharing.*`, `allocate.*`, `mig.*`) over the file's base, a node
 label (`configs.label`, NVIDIA's `nvidia.com/device-plugin.config` by default) picks one per node, and
 `configs.default` serves nodes without the label. Every named configuration is validated at start.
 """
@@ -25,8 +25,10 @@ from typing import Any
 from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
 from gpufleet.deviceplugin.rm.devices import ResourceKind, ResourceSpec
 from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS
+from gpufleet.deviceplugin.rm.model import NodeInventory
 from gpufleet.handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
 from gpufleet.layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
+from gpufleet.logs import log_event
 from gpufleet.yamlfile import YamlFileError, read_yaml
 
 CONFIG_VERSION = "v1"
@@ -44,13 +46,18 @@ DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 # Settings a named configuration may set: what a node's kind changes. Process-wide settings (sockets, the
 # node's name, NVML, health checking, HTTP, logs, API access) stay in the base file, flags and environment:
 # a switch keeps the process, its NVML session and every GPU's health.
-PER_NODE_PREFIXES = ("resource_name", "sharing.", "allocate.")
+PER_NODE_PREFIXES = ("resource_name", "sharing.", "allocate.", "mig.")
+MIG_STRATEGIES = ("none", "single", "mixed")
 MAX_NAMED_CONFIGS = 64
 _CONFIG_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a label value
 
 
 class ConfigError(Exception):
     """The configuration is invalid; the message lists every problem, one a line."""
+
+
+class MigLayoutError(Exception):
+    """The node's MIG layout does not fit mig.strategy single (NVIDIA's plugin exits on these too)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ class Config:
     allocate_driver_mounts: tuple[MountSpec, ...] = ()
     allocate_cdi_enabled: bool = False
     allocate_cdi_kind: str = "nvidia.com/gpu"
+    mig_strategy: str = "none"
     sharing_mode: str = "none"
     sharing_time_slicing_replicas: int = 2
     sharing_time_slicing_rename: str = ""
@@ -117,14 +125,62 @@ class Config:
             )
         return found
 
-    def resources(self) -> list[ResourceSpec]:
-        """The resources this configuration advertises."""
+    def resources(self, inventory: NodeInventory | None = None) -> list[ResourceSpec]:
+        """The resources this configuration advertises on a node with these GPUs (MIG strategies single
+        and mixed depend on them; without an inventory, or with strategy none, MIG is not looked at).
+
+        Raises MigLayoutError when strategy single meets a layout it cannot serve."""
+        if self.mig_strategy != "none" and inventory is not None:
+            return _mig_resources(self.mig_strategy, self.resource_name, inventory)
         if self.sharing_mode == "time-slicing":
             name = self.sharing_time_slicing_rename or self.resource_name
             return [ResourceSpec(name, ResourceKind.REPLICA, self.sharing_time_slicing_replicas)]
         if self.sharing_mode == "memory":
             return [ResourceSpec(self.sharing_memory_resource_name, ResourceKind.MEMORY)]
         return [ResourceSpec(self.resource_name, ResourceKind.GPU)]
+
+
+def mig_resource_name(resource_name: str, profile: str) -> str:
+    """`nvidia.com/mig-1g.10gb`: the domain of the whole-GPU resource, `mig-` and the profile."""
+    return f"{resource_name.partition('/')[0]}/mig-{profile}"
+
+
+def _mig_resources(strategy: str, resource_name: str, inventory: NodeInventory) -> list[ResourceSpec]:
+    enabled = [g for g in inventory.gpus if g.mig_enabled]
+    # Both strategies, as NVIDIA's plugin: a GPU in MIG mode without a single MIG device is refused.
+    empty = [g.index for g in enabled if not g.mig_devices]
+    if empty:
+        raise MigLayoutError(
+            f"mig.strategy {strategy}: GPU(s) {_ints(empty)} have MIG enabled but no MIG devices"
+        )
+    if strategy == "mixed":
+        profiles = sorted({m.profile for g in enabled for m in g.mig_devices})
+        whole = ResourceSpec(resource_name, ResourceKind.GPU, skip_mig=True)
+        return [whole] + [
+            ResourceSpec(mig_resource_name(resource_name, p), ResourceKind.MIG, mig_profile=p)
+            for p in profiles
+        ]
+    # single, as NVIDIA's plugin: no GPU with MIG enabled -> whole GPUs (strategy none); some enabled and
+    # some not, or two profiles -> refused.
+    if not enabled:
+        log_event("mig_strategy_fallback", strategy=strategy, to="none", reason="no GPU has MIG enabled")
+        return [ResourceSpec(resource_name, ResourceKind.GPU)]
+    disabled = [g.index for g in inventory.gpus if not g.mig_enabled]
+    if disabled:
+        raise MigLayoutError(
+            f"mig.strategy single: every GPU must have MIG enabled, GPU(s) {_ints(disabled)} have it disabled"
+        )
+    profiles = sorted({m.profile for g in enabled for m in g.mig_devices})
+    if len(profiles) > 1:
+        raise MigLayoutError(
+            f"mig.strategy single: every MIG device must have one profile, found {', '.join(profiles)} "
+            "(use mig.strategy mixed)"
+        )
+    return [ResourceSpec(resource_name, ResourceKind.MIG)]
+
+
+def _ints(values: Sequence[int]) -> str:
+    return ", ".join(map(str, values))
 
 
 # ----- parsers: raw value (YAML scalar or string from flag/env) -> typed value, ValueError on bad input --
@@ -226,6 +282,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allocate.driver_mounts", _mounts, flag_ok=False),
     Setting("allocate.cdi.enabled", as_bool, help="return CDI device names"),
     Setting("allocate.cdi.kind", as_str, help="CDI kind, e.g. nvidia.com/gpu"),
+    Setting("mig.strategy", choice(*MIG_STRATEGIES), help="MIG devices: none, single or mixed (as NVIDIA's)"),
     Setting("sharing.mode", choice("none", "time-slicing", "memory"), help="how GPUs are advertised"),
     Setting("sharing.time_slicing.replicas", int_in(1, 1024), help="devices per GPU with time-slicing"),
     Setting("sharing.time_slicing.rename", as_str, help="resource name for time-sliced GPUs"),
@@ -447,6 +504,11 @@ def _cross_check(cfg: Config) -> list[str]:
         errors.append("node_name: required with sharing.mode memory (the hand-off looks up this node's pods)")
     if cfg.sharing_memory_mps and cfg.sharing_mode != "memory":
         errors.append("sharing.memory.mps: only valid with sharing.mode memory")
+    if cfg.mig_strategy != "none" and cfg.sharing_mode != "none":
+        errors.append(
+            f"mig.strategy: {cfg.mig_strategy} cannot be combined with sharing.mode {cfg.sharing_mode} "
+            "(MIG devices are advertised whole; sharing applies to whole GPUs only)"
+        )
     return errors
 
 
@@ -465,6 +527,7 @@ __all__ = [
     "SETTINGS",
     "Config",
     "ConfigError",
+    "MigLayoutError",
     "MountSpec",
     "build",
     "load_file",

@@ -28,11 +28,12 @@ from gpufleet.logs import log_event
 # The label families the plugin writes under its prefix (`gpu.count`, `driver.major`, `cuda.driver.minor`).
 # Only these are the plugin's to delete: other labels under the same domain belong to the operator or the
 # extender (`gpufleet.io/gpu-sharing`, `gpufleet.io/mps`) and must survive every publish.
-OWNED_LABEL_FAMILIES = ("gpu.", "driver.", "cuda.")
+OWNED_LABEL_FAMILIES = ("gpu.", "driver.", "cuda.", "mig.", "mig-")
 
 
-def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX) -> dict[str, str]:
-    """Labels describing the node's GPUs (empty when there are none)."""
+def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX, mig_strategy: str = "none") -> dict[str, str]:
+    """Labels describing the node's GPUs (empty when there are none); with a MIG strategy, the MIG labels
+    gpu-feature-discovery writes (see :func:`mig_labels`)."""
     if not inv.gpus:
         return {}
     smallest_cc = min(g.cc for g in inv.gpus)
@@ -53,7 +54,37 @@ def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX) -> dict[str, str
     if inv.cuda_driver_version:
         labels["cuda.driver.major"] = str(inv.cuda_driver_version // 1000)
         labels["cuda.driver.minor"] = str(inv.cuda_driver_version % 1000 // 10)
+    labels.update(mig_labels(inv, mig_strategy))
     return {f"{prefix}/{k}": v for k, v in labels.items()}
+
+
+def mig_labels(inv: NodeInventory, strategy: str) -> dict[str, str]:
+    """gpu-feature-discovery's MIG labels (unprefixed), for strategies single and mixed:
+
+    - both: ``mig.strategy``;
+    - single, every GPU in MIG mode: the ``gpu.*`` labels describe the MIG devices: ``gpu.count`` is their
+      number, ``gpu.product`` the GPU's with ``-MIG-<profile>``, ``gpu.memory`` the MIG device's MiB;
+    - mixed: ``gpu.*`` keep describing whole GPUs and each profile gets ``mig-<profile>.count``,
+      ``.memory`` (MiB) and ``.product``.
+    """
+    if strategy == "none":
+        return {}
+    out = {"mig.strategy": strategy}
+    migs = [m for g in inv.gpus for m in g.mig_devices]
+    product = product_label_value([g.model for g in inv.gpus])
+    if strategy == "single":
+        if migs and all(g.mig_enabled for g in inv.gpus):
+            profiles = sorted({m.profile for m in migs})
+            out["gpu.count"] = str(len(migs))
+            out[PRODUCT_LABEL_NAME] = label_value(f"{product}-MIG-{'-'.join(profiles)}")
+            out["gpu.memory"] = str(min(m.memory_bytes for m in migs) // MIB)
+        return out
+    for profile in sorted({m.profile for m in migs}):
+        of = [m for m in migs if m.profile == profile]
+        out[f"mig-{profile}.count"] = str(len(of))
+        out[f"mig-{profile}.memory"] = str(min(m.memory_bytes for m in of) // MIB)
+        out[f"mig-{profile}.product"] = label_value(f"{product}-MIG-{profile}")
+    return out
 
 
 def gpus_annotation(inv: NodeInventory, health: Mapping[str, GpuHealth]) -> str:
@@ -97,8 +128,10 @@ class NodePublisher:
         snapshot: Callable[[], tuple[NodeInventory, Mapping[str, GpuHealth]]],
         retry_s: float = 10.0,
         extra: Callable[[], Mapping[str, str]] | None = None,
+        mig_strategy: Callable[[], str] | None = None,
     ) -> None:
         self.api = core_v1
+        self.mig_strategy = mig_strategy  # the running configuration's mig.strategy
         self.extra = extra  # more labels to keep set (the running named configuration and its mode)
         self.node = node
         self.prefix = prefix
@@ -143,7 +176,8 @@ class NodePublisher:
         inv, health = self.snapshot()
         if not inv.gpus:
             return
-        labels, annotation = node_labels(inv, self.prefix), gpus_annotation(inv, health)
+        strategy = self.mig_strategy() if self.mig_strategy is not None else "none"
+        labels, annotation = node_labels(inv, self.prefix, strategy), gpus_annotation(inv, health)
         if self.extra is not None:
             labels.update(self.extra())
         if self._written == (labels, annotation):

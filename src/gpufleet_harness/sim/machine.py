@@ -49,6 +49,25 @@ DEFAULT_KERNEL = "6.1.0-31-amd64"  # Debian 12's kernel, which the 535 packages 
 # Char-device majors. 195 is the NVIDIA driver's fixed major; nvidia-uvm and nvidia-nvswitch get
 # dynamic majors on real hosts, these are typical values.
 NVIDIA_MAJOR, UVM_MAJOR, NVSWITCH_MAJOR = 195, 510, 509
+NVIDIA_CAPS_MAJOR = 508  # nvidia-caps: dynamic too (/proc/devices names it)
+# The driver's MIG capability table has a fixed shape: `config 1`, `monitor 2`, then for GPU minors 0-31,
+# GPU instances 0-14: `gpuG/giI/access` followed by `gpuG/giI/ciC/access` for compute instances 0-7, minors
+# counting up from 3 (the MIG user guide's sample ends at `gpu31/gi14/ci7/access 4322`).
+MIG_CAP_GPUS, MIG_CAP_GIS, MIG_CAP_CIS = 32, 15, 8
+
+
+def mig_minors() -> list[tuple[str, int]]:
+    """/proc/driver/nvidia-caps/mig-minors as (capability, minor) pairs, in the driver's order."""
+    table = [("config", 1), ("monitor", 2)]
+    minor = 3
+    for gpu in range(MIG_CAP_GPUS):
+        for gi in range(MIG_CAP_GIS):
+            table.append((f"gpu{gpu}/gi{gi}/access", minor))
+            minor += 1
+            for ci in range(MIG_CAP_CIS):
+                table.append((f"gpu{gpu}/gi{gi}/ci{ci}/access", minor))
+                minor += 1
+    return table
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DRIVER_BUILD_DATE = "Wed Jul 16 03:47:41 UTC 2025"
@@ -606,6 +625,19 @@ def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
         node(f"nvidia-nvswitch{i}", NVSWITCH_MAJOR, i)
     if m["nvswitches"]:
         node("nvidia-nvswitchctl", NVSWITCH_MAJOR, 255)
+    mig_minors_file = host / "proc/driver/nvidia-caps/mig-minors"
+    mig_minors_file.unlink(missing_ok=True)
+    mig_gpus = {g["minor"] for g in m["gpus"] if g.get("mig")}
+    if mig_gpus:
+        # MIG-capable GPUs: the capability table, and the capability nodes of their instances (a real host
+        # gets these from nvidia-modprobe as instances appear; here every possible one of these GPUs).
+        table = mig_minors()
+        _write(mig_minors_file, "".join(f"{name} {minor}\n" for name, minor in table))
+        (dev / "nvidia-caps").mkdir(exist_ok=True)
+        for name, minor in table:
+            gpu = name.partition("/")[0]
+            if name in ("config", "monitor") or (gpu.startswith("gpu") and int(gpu[3:]) in mig_gpus):
+                node(f"nvidia-caps/nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor)
     return made
 
 

@@ -9,12 +9,17 @@ from dataclasses import dataclass
 
 from gpufleet.deviceplugin.api import pb
 from gpufleet.deviceplugin.config import Config, MountSpec
-from gpufleet.deviceplugin.rm.model import GpuInfo
+from gpufleet.deviceplugin.rm.model import GpuInfo, MigDeviceInfo
 from gpufleet.logs import log_event
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 # Device nodes every CUDA process needs besides its GPUs' own, when the driver created them.
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# The driver's table of MIG capability minors: "gpu<minor>/gi<id>/access <cap minor>" and
+# "gpu<minor>/gi<id>/ci<id>/access <cap minor>"; the device node of a capability is
+# /dev/nvidia-caps/nvidia-cap<cap minor>.
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+MIG_CAP_DEVICE = "/dev/nvidia-caps/nvidia-cap{}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,68 @@ def gpu_response(gpus: Sequence[GpuInfo], opts: AllocateOptions) -> pb.Container
         for device_id in ids:
             resp.cdi_devices.add(name=f"{opts.cdi_kind}={device_id}")
     return resp
+
+
+def mig_response(
+    devices: Sequence[tuple[GpuInfo, MigDeviceInfo]], opts: AllocateOptions
+) -> pb.ContainerAllocateResponse:
+    """What a container needs to use exactly these MIG devices: NVIDIA_VISIBLE_DEVICES with their MIG-UUIDs
+    (index strategy: <GPU index>:<MIG device index>), the parent GPUs' device nodes, the control devices,
+    and the access capability nodes of each device's GPU instance and compute instance."""
+    resp = pb.ContainerAllocateResponse()
+    if opts.device_id_strategy == "index":
+        ids = [f"{gpu.index}:{mig.index}" for gpu, mig in devices]
+    else:
+        ids = [mig.uuid for _gpu, mig in devices]
+    resp.envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
+    if opts.pass_device_specs:
+        minors = _mig_minors(opts.host_path(MIG_MINORS))
+        for minor in dict.fromkeys(gpu.minor for gpu, _mig in devices):
+            _add_device(resp, opts, f"/dev/nvidia{minor}", required=True)
+        for name in CONTROL_DEVICES:
+            _add_device(resp, opts, f"/dev/{name}", required=False)
+        for gpu, mig in devices:
+            for cap in (f"gpu{gpu.minor}/gi{mig.gi}/access", f"gpu{gpu.minor}/gi{mig.gi}/ci{mig.ci}/access"):
+                if cap not in minors:
+                    log_event("mig_capability_missing", level="warning", capability=cap, table=MIG_MINORS)
+                    continue
+                _add_device(resp, opts, MIG_CAP_DEVICE.format(minors[cap]), required=True)
+    for mount in opts.driver_mounts:
+        resp.mounts.add(
+            container_path=mount.container_path,
+            host_path=opts.host_path(mount.host_path),
+            read_only=mount.read_only,
+        )
+    if opts.cdi_enabled:
+        for device_id in ids:
+            resp.cdi_devices.add(name=f"{opts.cdi_kind}={device_id}")
+    return resp
+
+
+_minors_cache: dict[str, tuple[tuple[int, int], dict[str, int]]] = {}
+
+
+def _mig_minors(path: str) -> dict[str, int]:
+    """The driver's capability table (name -> minor), re-read only when the file changes."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _minors_cache.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    table: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, minor = line.strip().rpartition(" ")
+                if name and minor.isdigit():
+                    table[name] = int(minor)
+    except OSError:
+        return {}
+    _minors_cache[path] = (stamp, table)
+    return table
 
 
 def memory_response(gpus: Sequence[GpuInfo], gib: int, opts: AllocateOptions) -> pb.ContainerAllocateResponse:

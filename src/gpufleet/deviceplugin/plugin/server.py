@@ -19,7 +19,7 @@ from grpc import aio
 
 from gpufleet.deviceplugin.api import HEALTHY, UNHEALTHY, pb, pb_grpc
 from gpufleet.deviceplugin.metrics import Metrics
-from gpufleet.deviceplugin.plugin.allocate import AllocateOptions, gpu_response
+from gpufleet.deviceplugin.plugin.allocate import AllocateOptions, gpu_response, mig_response
 from gpufleet.deviceplugin.rm.devices import PluginDevice, ResourceKind, ResourceSpec
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, InvalidRequest, NotReady, RequestError
 from gpufleet.deviceplugin.rm.manager import ResourceManager
@@ -238,6 +238,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 raise NotReady("GPU-memory hand-off is not configured")
             return await asyncio.to_thread(self.memory_allocator, ids)
         gpus = self.rm.check_request(self.spec.name, ids)
+        if self.spec.kind is ResourceKind.MIG:
+            return mig_response(self.rm.mig_devices(ids), self.opts)
         return gpu_response(gpus, self.opts)
 
     async def PreStartContainer(

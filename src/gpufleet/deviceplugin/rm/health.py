@@ -89,6 +89,16 @@ class HealthTracker:
         self._state[uuid] = HEALTHY
         return [Transition(uuid, before, HEALTHY)]
 
+    def clear(self, uuids: Iterable[str]) -> list[Transition]:
+        """Make these (MIG devices of a GPU that was reset) healthy again."""
+        changes = []
+        for uuid in uuids:
+            before = self._state.get(uuid)
+            if before is not None and not before.healthy:
+                self._state[uuid] = HEALTHY
+                changes.append(Transition(uuid, before, HEALTHY))
+        return changes
+
     def _mark(self, uuids: list[str], reason: str) -> list[Transition]:
         changes = []
         for uuid in uuids:

@@ -23,6 +23,7 @@ from gpufleet.deviceplugin.rm.model import (
     GpuInfo,
     HealthEvent,
     HealthEventKind,
+    MigDeviceInfo,
     NodeInventory,
     SourceUnavailable,
 )
@@ -59,6 +60,7 @@ class _State:
     version: int = 0
     last_error: str = ""
     known: dict[str, frozenset[str]] = field(default_factory=dict)  # resource -> device IDs
+    mig: dict[str, tuple[GpuInfo, MigDeviceInfo]] = field(default_factory=dict)  # MIG UUID -> both
 
 
 class ResourceManager:
@@ -192,13 +194,27 @@ class ResourceManager:
         chosen = {gpu_of(d) for d in ids}
         with self._lock:
             health = {u: state.tracker.get(u) for u in chosen}
+        for u in chosen & state.mig.keys():  # a MIG device: unhealthy when it or its GPU is
+            parent = state.mig[u][0].uuid
+            with self._lock:
+                whole = state.tracker.get(parent)
+            if not whole.healthy:
+                health[u] = whole
         sick = [d for d in ids if not health[gpu_of(d)].healthy]
         if sick and require_healthy:
-            gpus = inventory.by_uuid()
+            gpus: dict[str, object] = {u: g.index for u, g in inventory.by_uuid().items()}
+            for u, (g, m) in state.mig.items():
+                gpus[u] = f"{g.index} MIG {m.profile} gi {m.gi} ci {m.ci}"
             reasons = {gpu_of(d): health[gpu_of(d)].reason for d in sick}
-            detail = "; ".join(f"{gpus[u].index} ({u}): {r}" for u, r in reasons.items())
+            detail = "; ".join(f"{gpus[u]} ({u}): {r}" for u, r in reasons.items())
             raise DeviceUnhealthy(f"unhealthy device(s) {_listing(sick)}; GPU {detail}")
-        return [g for g in inventory.gpus if g.uuid in chosen]
+        parents = chosen | {state.mig[u][0].uuid for u in chosen & state.mig.keys()}
+        return [g for g in inventory.gpus if g.uuid in parents]
+
+    def mig_devices(self, ids: Sequence[str]) -> list[tuple[GpuInfo, MigDeviceInfo]]:
+        """(parent GPU, MIG device) of each MIG device ID, in the order given (IDs checked beforehand)."""
+        mig = self._state.mig
+        return [mig[d] for d in ids]
 
     def preferred(self, resource: str, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
         """GetPreferredAllocation for one container (raises PreferenceError on impossible input)."""
@@ -213,9 +229,11 @@ class ResourceManager:
             self._state.last_error = str(exc)
             raise
         with self._lock:
+            mig = inventory.mig_by_uuid()
             self._state = _State(
                 inventory=inventory,
-                tracker=HealthTracker([g.uuid for g in inventory.gpus], self.health.ignored_xids),
+                tracker=HealthTracker([g.uuid for g in inventory.gpus] + list(mig), self.health.ignored_xids),
+                mig=mig,
                 version=self._state.version + 1,
                 # Allocate checks IDs against this on every call; GPU-memory nodes have thousands.
                 known={
@@ -299,12 +317,28 @@ class ResourceManager:
             "health_event", kind=event.kind, gpu=index, uuid=event.uuid, code=event.code, ignored=ignored
         )
         with self._lock:
-            changes = self._state.tracker.on_event(event)
+            changes = [c for e in self._mig_targets(event) for c in self._state.tracker.on_event(e)]
         if event.uuid is not None and not ignored:
             # A critical XID often means the GPU is gone (79: fallen off the bus): look now, before
             # anyone is told, so the lost state is on record even if a reset follows at once.
             changes += self._probe_changes(event.uuid)
         self._changed(changes)
+
+    def _mig_targets(self, event: HealthEvent) -> list[HealthEvent]:
+        """An XID aimed at a MIG instance, addressed to that MIG device (or to every MIG device of the GPU
+        instance when NVML names no compute instance); whole-GPU events, and instances this plugin does not
+        know, stay on the GPU (which makes all its MIG devices unhealthy)."""
+        if event.uuid is None or event.gi is None:
+            return [event]
+        gpu = self.inventory().by_uuid().get(event.uuid)
+        hit = [
+            m.uuid
+            for m in (gpu.mig_devices if gpu else ())
+            if m.gi == event.gi and (event.ci is None or m.ci == event.ci)
+        ]
+        if not hit:
+            return [replace(event, gi=None, ci=None)]
+        return [replace(event, uuid=u) for u in hit]
 
     def _probe_all(self) -> None:
         for gpu in self.inventory().gpus:
@@ -316,7 +350,12 @@ class ResourceManager:
     def _probe_changes(self, uuid: str) -> list[Transition]:
         result = self.source.probe(uuid)
         with self._lock:
-            return self._state.tracker.on_probe(uuid, result)
+            changes = self._state.tracker.on_probe(uuid, result)
+            if any(c.after.healthy for c in changes):
+                # The GPU came back from a reset, which also cleared whatever its MIG devices had.
+                gpu = self._state.inventory.by_uuid().get(uuid) if self._state.inventory else None
+                changes += self._state.tracker.clear(m.uuid for m in (gpu.mig_devices if gpu else ()))
+            return changes
 
     def _changed(self, changes: list[Transition]) -> None:
         if not changes:

@@ -23,6 +23,19 @@ class TopologyLevel(IntEnum):
 
 
 @dataclass(frozen=True)
+class MigDeviceInfo:
+    """One MIG device (a compute instance inside a GPU instance) as NVML enumerates it."""
+
+    uuid: str  # MIG-…
+    parent: str  # the GPU's UUID
+    index: int  # position among the parent's MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex)
+    gi: int  # GPU-instance id
+    ci: int  # compute-instance id
+    profile: str  # e.g. 1g.10gb (1c.3g.40gb for a compute instance smaller than its GPU instance)
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One GPU as discovery reports it."""
 
@@ -37,6 +50,8 @@ class GpuInfo:
     # Peer GPU UUID -> number of NVLinks joining the two (through NVSwitches: every peer reachable
     # over the fabric, counted as `nvidia-smi topo -m` shows it, e.g. NV12).
     nvlinks: Mapping[str, int] = field(default_factory=dict)
+    mig_enabled: bool = False  # MIG mode current (not pending) is enabled
+    mig_devices: tuple[MigDeviceInfo, ...] = ()
 
     @property
     def memory_gib(self) -> int:
@@ -59,6 +74,10 @@ class NodeInventory:
         """Map UUID -> GPU."""
         return {g.uuid: g for g in self.gpus}
 
+    def mig_by_uuid(self) -> dict[str, tuple[GpuInfo, MigDeviceInfo]]:
+        """Map MIG device UUID -> (parent GPU, MIG device)."""
+        return {m.uuid: (g, m) for g in self.gpus for m in g.mig_devices}
+
     def level(self, a: str, b: str) -> TopologyLevel | None:
         """Topology level between two GPUs, None when discovery could not tell."""
         return self.topology.get((a, b))
@@ -80,6 +99,10 @@ class HealthEvent:
     uuid: str | None
     code: int = 0
     detail: str = ""
+    # The MIG instance an XID was aimed at (NVML's eventData gpuInstanceId / computeInstanceId); None when
+    # the event concerns the whole GPU.
+    gi: int | None = None
+    ci: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from gpufleet.deviceplugin.rm.model import (
     GpuInfo,
     HealthEvent,
     HealthEventKind,
+    MigDeviceInfo,
     NodeInventory,
     Probe,
     SourceUnavailable,
@@ -23,6 +24,38 @@ _KINDS = {
     "double-bit-ecc": HealthEventKind.ECC_DBE,
     "gpu-lost": HealthEventKind.LOST,
 }
+
+
+_NO_INSTANCE = 0xFFFFFFFF  # eventData's gpuInstanceId / computeInstanceId for a whole-GPU event
+
+
+def _instance_monitor(nv: Any, watched: Any) -> Any:
+    """gpufleet.gpu's HealthMonitor, also keeping the MIG instance ids NVML puts in each event."""
+    from gpufleet.gpu import HealthMonitor
+
+    class InstanceMonitor(HealthMonitor):  # type: ignore[misc]
+        instances: dict[int, tuple[int | None, int | None]]
+
+        def _to_event(self, data: Any) -> Any:
+            event = super()._to_event(data)
+            if event is not None:
+                gi = getattr(data, "gpuInstanceId", _NO_INSTANCE)
+                ci = getattr(data, "computeInstanceId", _NO_INSTANCE)
+                if not hasattr(self, "instances"):
+                    self.instances = {}
+                self.instances.clear()  # only the event being delivered matters
+                self.instances[id(event)] = (
+                    None if gi == _NO_INSTANCE else int(gi),
+                    None if ci == _NO_INSTANCE else int(ci),
+                )
+            return event
+
+    return InstanceMonitor(nv, watched, wait_slice=1.0)
+
+
+def _mig_profile(name: str) -> str:
+    """The profile in a MIG device's NVML name: "NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb"."""
+    return name.rpartition("MIG ")[2].strip()
 
 
 class _Events:
@@ -40,10 +73,16 @@ class _Events:
             raise SourceUnavailable(str(exc)) from None
         if event is None:
             return []
-        return [HealthEvent(_KINDS.get(event.kind, event.kind), event.uuid, int(event.code))]
+        gi, ci = getattr(self.monitor, "instances", {}).get(id(event), (None, None))
+        return [HealthEvent(_KINDS.get(event.kind, event.kind), event.uuid, int(event.code), gi=gi, ci=ci)]
 
     def close(self) -> None:
         self.monitor.close()
+
+
+def name_text(value: str | bytes) -> str:
+    """pynvml answers str or bytes depending on its version."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class NvmlDeviceSource:
@@ -102,6 +141,7 @@ class NvmlDeviceSource:
                     numa=g.numa_node if g.numa_node is not None and g.numa_node >= 0 else None,
                     bus_id=g.pci_bus_id,
                     nvlinks={uuid_of[i]: n for i, n in peers.items() if i in uuid_of},
+                    **self._mig(nv, g.index, str(g.uuid)),
                 )
             )
         # The matrix shows NV# where NVLink joins a pair and hides the PCIe level underneath, which the
@@ -126,14 +166,60 @@ class NvmlDeviceSource:
             nvswitch_count=facts.nvswitch_count,
         )
 
+    @staticmethod
+    def _mig(nv: Any, index: int, uuid: str) -> dict[str, Any]:
+        """MIG mode and MIG devices of one GPU ({} without MIG): every MIG device handle NVML has, the
+        indexes without one (NOT_FOUND) skipped as nvml.h says consumers should."""
+        from gpufleet.gpu import NvmlError
+
+        pynvml = nv.nv
+        try:
+            handle = nv.handle(index)
+            current, _pending = nv.call(f"GPU {index} MIG mode", pynvml.nvmlDeviceGetMigMode, handle)
+        except NvmlError:
+            return {}  # NOT_SUPPORTED: no MIG on this GPU
+        if int(current) != 1:
+            return {}
+        devices: list[MigDeviceInfo] = []
+        try:
+            slots = nv.call(f"GPU {index} MIG devices", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
+        except NvmlError as exc:
+            log_event("mig_devices_unknown", level="warning", gpu=index, error=str(exc))
+            return {"mig_enabled": True, "mig_devices": ()}
+        for k in range(int(slots)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except pynvml.NVMLError_NotFound:
+                continue
+            except pynvml.NVMLError as exc:
+                log_event("mig_device_skipped", level="warning", gpu=index, mig_index=k, error=str(exc))
+                continue
+            try:
+                name = pynvml.nvmlDeviceGetName(mig)
+                mig_uuid = pynvml.nvmlDeviceGetUUID(mig)
+                devices.append(
+                    MigDeviceInfo(
+                        uuid=name_text(mig_uuid),
+                        parent=uuid,
+                        index=k,
+                        gi=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                        ci=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                        profile=_mig_profile(name_text(name)),
+                        memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total),
+                    )
+                )
+            except pynvml.NVMLError as exc:
+                log_event("mig_device_skipped", level="warning", gpu=index, mig_index=k, error=str(exc))
+        return {"mig_enabled": True, "mig_devices": tuple(devices)}
+
     def open_events(self, uuids: Sequence[str]) -> _Events:
         """A health monitor on these GPUs (events from now on)."""
-        from gpufleet.gpu import Gpu, HealthMonitor, NvmlError
+        from gpufleet.gpu import Gpu, NvmlError
 
         nv = self._open()
         watched = [Gpu(index=self._index[u], pci_bus_id="", model="", device_id=0, uuid=u) for u in uuids]
         try:
-            return _Events(HealthMonitor(nv, watched, wait_slice=1.0))
+            return _Events(_instance_monitor(nv, watched))
         except NvmlError as exc:
             raise SourceUnavailable(str(exc)) from None
 

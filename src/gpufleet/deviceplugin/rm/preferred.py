@@ -127,6 +127,10 @@ def preferred_allocation(
         return choose_gpus(inv, avail, must, size)
     if spec.kind is ResourceKind.REPLICA:
         return _replicas(inv, avail, must, size)
+    if spec.kind is ResourceKind.MIG:
+        # MIG devices are isolated slices with no links between them: the must-include ones, then the
+        # rest in the kubelet's order (NVIDIA's plugin offers no preference for MIG devices either).
+        return (must + [d for d in avail if d not in set(must)])[:size]
     return _memory_units(inv, avail, must, size)
 
 

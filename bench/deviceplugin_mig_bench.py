@@ -1,0 +1,148 @@
+"""Device plugin Allocate latency with 56 MIG devices (dgx-a100: 8 GPUs x 7 1g.10gb) on the GPU simulator.
+
+    python bench/deviceplugin_mig_bench.py [--allocs 2000] [--runs 1] [--strategy mixed|single ...]
+
+The MIG layout is made through pynvml in a child process (MIG mode on, a GPU reset per A100, seven GPU
+instances with a compute instance each per GPU); the plugin runs as its own process with
+`--mig-strategy`, and this process plays the kubelet exactly as bench/deviceplugin_bench.py does (whose
+helpers it uses): Registration, one connection with ListAndWatch open, sequential Allocates of one MIG
+device each, round robin. A MIG Allocate also reads the driver's capability table
+(/proc/driver/nvidia-caps/mig-minors, cached until it changes) and passes two capability nodes more.
+
+Figures, not assertions: the issue's target is the whole-GPU one, Allocate p99 < 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from deviceplugin_bench import Kubelet, Watch, time_allocates
+
+from gpufleet.deviceplugin.api import KUBELET_SOCKET, pb, pb_grpc
+from gpufleet_harness.sim import control, machine
+
+GPUS, PER_GPU = 8, 7
+PROFILE_1G, CI_1C = 19, 0  # nvmlDeviceCreateGpuInstance profile id of 1g.10gb; its one-slice CI profile
+
+LAYOUT = """
+import json, sys
+import pynvml as n
+n.nvmlInit()
+gpus, per_gpu, step = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+GI_PROFILE, CI_PROFILE = int(sys.argv[4]), int(sys.argv[5])
+uuids = []
+for g in range(gpus):
+    h = n.nvmlDeviceGetHandleByIndex(g)
+    if step == "enable":
+        n.nvmlDeviceSetMigMode(h, 1)
+        continue
+    for _ in range(per_gpu):
+        n.nvmlGpuInstanceCreateComputeInstance(n.nvmlDeviceCreateGpuInstance(h, GI_PROFILE), CI_PROFILE)
+    for k in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            u = n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(h, k))
+        except n.NVMLError_NotFound:
+            continue
+        uuids.append(u.decode() if isinstance(u, bytes) else u)
+print(json.dumps(uuids))
+"""
+
+
+def make_layout(root: str, env: dict[str, str]) -> list[str]:
+    def step(name: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", LAYOUT, str(GPUS), str(PER_GPU), name, str(PROFILE_1G), str(CI_1C)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    step("enable")
+    for gpu in range(GPUS):
+        control.inject(root, ["gpu", str(gpu), "reset"])  # an A100 applies MIG mode at a reset
+    return json.loads(step("create"))
+
+
+def bench(strategy: str, allocs: int) -> dict[str, float]:
+    base = tempfile.mkdtemp(prefix="dpmig", dir="/tmp")
+    root, sock = os.path.join(base, "root"), os.path.join(base, "sock")
+    os.mkdir(sock)
+    env = {**os.environ, **machine.sim_env(machine.materialize("dgx-a100", root))}
+    migs = make_layout(root, env)
+    resource = "nvidia.com/gpu" if strategy == "single" else "nvidia.com/mig-1g.10gb"
+    endpoint = "gpufleet-" + resource.replace("/", "-") + ".sock"
+    kubelet = Kubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RegistrationServicer_to_server(kubelet, server)
+    server.add_insecure_port("unix://" + os.path.join(sock, KUBELET_SOCKET))
+    server.start()
+    log = open(os.path.join(base, "plugin.log"), "w")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.deviceplugin", "--socket-dir", sock, "--mig-strategy", strategy],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        if not kubelet.registered.wait(60):
+            raise RuntimeError(f"plugin did not register; see {log.name}")
+        path = os.path.join(sock, endpoint)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stub = pb_grpc.DevicePluginStub(grpc.insecure_channel("unix://" + path))
+        stub.GetDevicePluginOptions(pb.Empty())
+        watch = Watch(stub)
+        watch.wait(migs[-1], "Healthy")
+        time.sleep(1)  # let the plugin finish start-up (its GC freeze) before timing
+        result = time_allocates(stub, migs, allocs, proc.pid)
+        watch.stream.cancel()
+        return {"devices": len(migs), **result}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+        server.stop(0)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--allocs", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--strategy", action="append", choices=["mixed", "single"])
+    args = parser.parse_args()
+    print(f"{'':<10}{'devices':>8}{'Allocate p50':>14}{'p99':>11}{'>2ms':>6}{'CPU wait':>9}")
+    for strategy in args.strategy or ["mixed", "single"]:
+        p99s = []
+        for n in range(args.runs):
+            load = os.getloadavg()[0]
+            r = bench(strategy, args.allocs)
+            p99s.append(r["alloc_p99_ms"])
+            print(
+                f"{strategy + (f' #{n + 1}' if args.runs > 1 else ''):<10}{r['devices']:>8.0f}"
+                f"{r['alloc_p50_ms']:>11.3f} ms{r['alloc_p99_ms']:>8.3f} ms{r['slow']:>6.0f}"
+                f"{r['slow_cpu_wait']:>9.0f}   load {load:.1f}"
+            )
+        if args.runs > 1:
+            print(f"{strategy} median p99: {statistics.median(p99s):.3f} ms")
+    print(f"load average after the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
