@@ -1,10 +1,10 @@
 """`gpufleet-sim-smi`: an nvidia-smi stand-in for simulated hosts, built on pynvml via gpufleet.gpu.
 
 It answers the invocations gpufleet's roles, validation suites and operators use, in nvidia-smi's
-formats: `-L`, `--query-gpu=... --format=csv[,noheader][,nounits]`, `topo -m`, `--version` and the
-default summary. Failures exit with nvidia-smi's codes, which are NVML's return codes (nvidia-smi(1),
-RETURN VALUE): 9 when the driver is not loaded, 12 when libnvidia-ml cannot be loaded, 255 otherwise.
-Every banner says the GPUs are simulated.
+formats: `-L`, `--query-gpu=... --format=csv[,noheader][,nounits]`, `topo -m`, `--version`,
+`--gpu-reset -i N` (`-r`) and the default summary. Failures exit with nvidia-smi's codes, which are
+NVML's return codes (nvidia-smi(1), RETURN VALUE): 9 when the driver is not loaded, 12 when
+libnvidia-ml cannot be loaded, 255 otherwise. Every banner says the GPUs are simulated.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from gpufleet.gpu import (
 from gpufleet.gpu import pci as pci_scan
 from gpufleet.gpu.cli import format_topology
 from gpufleet.gpu.topology import build
+from gpufleet_harness.sim import control as simcontrol
 
 BANNER = f"gpufleet simulated nvidia-smi (gpufleet {__version__}): these GPUs are simulated"
 
@@ -312,6 +313,23 @@ def topo_matrix(session: Session) -> str:
     return format_topology(build(session.gpus, session.nv.topology_level), session.gpus)
 
 
+def gpu_reset(rows: list[Row]) -> tuple[str, int]:
+    """`--gpu-reset -i N`: what `gpufleet sim inject ROOT gpu N reset` does (a pending MIG mode becomes
+    current, the GPU's MIG instances are gone), one line per GPU as nvidia-smi prints it, then "All done."."""
+    root = os.environ.get("GPUFLEET_SIM_ROOT")
+    if not root:
+        return "GPUFLEET_SIM_ROOT is not set: no simulated GPU to reset\n", EXIT_OTHER
+    lines = []
+    for row in rows:
+        if row.gpu.lost:
+            lines.append(lost_line(row.gpu))
+            return "\n".join(lines) + "\n", EXIT_GPU_LOST
+        simcontrol.inject(root, ["gpu", str(row.gpu.index), "reset"])
+        lines.append(f"GPU {nvml_bus_id(row.gpu.pci_bus_id)} was successfully reset.")
+    lines.append("All done.")
+    return "\n".join(lines) + "\n", 0
+
+
 # -- command line ---------------------------------------------------------------------------------------
 
 
@@ -322,6 +340,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--query-gpu", help="comma-separated properties to print, e.g. index,name,uuid")
     parser.add_argument("--format", help="csv[,noheader][,nounits]")
     parser.add_argument("--version", action="store_true", help="print versions")
+    parser.add_argument("-r", "--gpu-reset", action="store_true", help="reset the GPUs given with -i")
     return parser
 
 
@@ -355,9 +374,13 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
                 return topo_matrix(session), 0
             if args.version:
                 return version(session), 0
+            if args.gpu_reset and args.id is None:
+                return "Option -r/--gpu-reset requires -i/--id to name the GPU(s).\n", EXIT_BAD_ARGUMENT
             rows = session.select(args.id)
             if not rows:
                 return "No devices were found\n", EXIT_NOT_FOUND
+            if args.gpu_reset:
+                return gpu_reset(rows)
             # Like nvidia-smi, report the healthy GPUs and fail with NVML's GPU_IS_LOST code.
             code = EXIT_GPU_LOST if any(row.gpu.lost for row in rows) else 0
             if names:
