@@ -12,11 +12,9 @@ module. Everything else is spread over the workers one test at a time.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -211,38 +209,8 @@ def fresh_root(sim_lib: Path, tmp_path: Path) -> Callable[[str], Path]:
     return make
 
 
-def _prewarm_images(items: list[pytest.Item]) -> threading.Thread | None:
-    """Build, in a thread, the images later tests of this session need and would otherwise build in their own
-    time: the gpufleet image (the GPU nodes of ``stack.nodes()``) and the lab's host image (tests/lab, which
-    runs after the k8s-lab tests on their worker). tests/cluster runs first and mostly waits on the
-    scheduler, so on a cold machine the builds (~3 and ~2 min) leave the run's longest worker. Both builds
-    take file locks, so a test that needs an image first simply waits for it; a failure here is left to
-    that test to report (it builds again and fails with the message)."""
-    paths = {item.nodeid.split("/")[1] for item in items if item.nodeid.startswith("tests/")}
-    work: list[Callable[[], object]] = []
-    if paths & {"k8s_modules", "validation", "lab"}:
-        from gpufleet_harness.cluster.images import ensure_lab_image
-
-        work.append(ensure_lab_image)
-    if "lab" in paths:
-        from gpufleet_harness.lab.hostimage import ensure_host_image
-
-        work.append(ensure_host_image)
-    if not work:
-        return None
-
-    def build() -> None:
-        for step in work:
-            with contextlib.suppress(Exception):
-                step()
-
-    thread = threading.Thread(target=build, name="prewarm-images", daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.fixture(scope="session")
-def stack(sim_lib: Path, request: pytest.FixtureRequest) -> Iterator[LabStack]:
+def stack(sim_lib: Path) -> Iterator[LabStack]:
     """The session's Kubernetes lab (tests/k8s_modules/labstack.py), shared by tests/cluster,
     tests/k8s_modules and tests/validation: control plane on first use, the GPU nodes on ``stack.nodes()``,
     tests/cluster's ``lab-node`` on first use of ``kubelet_node``. Everything stops at session end.
@@ -266,13 +234,10 @@ def stack(sim_lib: Path, request: pytest.FixtureRequest) -> Iterator[LabStack]:
     the_stack = LabStack(sim_lib, artifacts=artifacts)
     the_stack.timings["k8s binaries"] = time.monotonic() - started
     _LAB_TIMINGS.append(the_stack.timings)
-    prewarm = _prewarm_images(request.session.items)
     try:
         yield the_stack
     finally:
         the_stack.close()
-        if prewarm is not None:
-            prewarm.join()  # never leave a build half done behind the session
 
 
 
