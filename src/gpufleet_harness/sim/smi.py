@@ -36,7 +36,6 @@ from gpufleet.gpu import (
 from gpufleet.gpu import pci as pci_scan
 from gpufleet.gpu.cli import format_topology
 from gpufleet.gpu.topology import build
-from gpufleet_harness.sim import control as simcontrol
 
 BANNER = f"gpufleet simulated nvidia-smi (gpufleet {__version__}): these GPUs are simulated"
 
@@ -319,6 +318,10 @@ def gpu_reset(rows: list[Row]) -> tuple[str, int]:
     root = os.environ.get("GPUFLEET_SIM_ROOT")
     if not root:
         return "GPUFLEET_SIM_ROOT is not set: no simulated GPU to reset\n", EXIT_OTHER
+    try:  # here, not at the top: hosts that carry only the stand-in's own sources (the lab's) lack it
+        from gpufleet_harness.sim import control as simcontrol
+    except ImportError as err:
+        return f"GPU reset needs the simulator's control module on this host: {err}\n", EXIT_OTHER
     lines = []
     for row in rows:
         if row.gpu.lost:
