@@ -70,6 +70,13 @@ def gpu_response(gpus: Sequence[GpuInfo], opts: AllocateOptions) -> pb.Container
             _add_device(resp, opts, f"/dev/nvidia{gpu.minor}", required=True)
         for name in CONTROL_DEVICES:
             _add_device(resp, opts, f"/dev/{name}", required=False)
+    return _with_mounts_and_cdi(resp, opts, ids)
+
+
+def _with_mounts_and_cdi(
+    resp: pb.ContainerAllocateResponse, opts: AllocateOptions, ids: Sequence[str]
+) -> pb.ContainerAllocateResponse:
+    """What every container response carries besides its devices: the driver mounts and the CDI names."""
     for mount in opts.driver_mounts:
         resp.mounts.add(
             container_path=mount.container_path,
@@ -106,16 +113,7 @@ def mig_response(
                     log_event("mig_capability_missing", level="warning", capability=cap, table=MIG_MINORS)
                     continue
                 _add_device(resp, opts, MIG_CAP_DEVICE.format(minors[cap]), required=True)
-    for mount in opts.driver_mounts:
-        resp.mounts.add(
-            container_path=mount.container_path,
-            host_path=opts.host_path(mount.host_path),
-            read_only=mount.read_only,
-        )
-    if opts.cdi_enabled:
-        for device_id in ids:
-            resp.cdi_devices.add(name=f"{opts.cdi_kind}={device_id}")
-    return resp
+    return _with_mounts_and_cdi(resp, opts, ids)
 
 
 _minors_cache: dict[str, tuple[tuple[int, int], dict[str, int]]] = {}
