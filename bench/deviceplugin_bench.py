@@ -23,6 +23,7 @@ RSS < 60 MB.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import shutil
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -182,35 +184,26 @@ def time_allocates(
     }
 
 
-def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
-    base = tempfile.mkdtemp(prefix="dpb", dir="/tmp")
-    root, sock = os.path.join(base, "root"), os.path.join(base, "sock")
+@contextlib.contextmanager
+def plugin_session(
+    env: dict[str, str], plugin_args: list[str], endpoint: str, first: str
+) -> Iterator[tuple[pb_grpc.DevicePluginStub, Watch, subprocess.Popen]]:
+    """The plugin as its own process, registered with this process's kubelet, with `first` Healthy.
+
+    Yields what the kubelet holds after a registration: a stub on one connection (options asked), the
+    open ListAndWatch stream, and the plugin's process. Everything is stopped and removed on exit.
+    """
+    base = tempfile.mkdtemp(prefix="dpsock", dir="/tmp")
+    sock = os.path.join(base, "sock")
     os.mkdir(sock)
-    env = {**os.environ, **machine.sim_env(machine.materialize(fixture, root))}
-    uuids = [g["uuid"] for g in sorted(machine.load_machine(root)["gpus"], key=lambda g: g["index"])]
     kubelet = Kubelet()
-    port = free_port()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pb_grpc.add_RegistrationServicer_to_server(kubelet, server)
     server.add_insecure_port("unix://" + os.path.join(sock, KUBELET_SOCKET))
     server.start()
     log = open(os.path.join(base, "plugin.log"), "w")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet.deviceplugin",
-            "--socket-dir",
-            sock,
-            # 10x the default: the XID phase waits for a probe to see each GPU come back. For Allocate
-            # that is more health work in the plugin than a node sees, not less.
-            "--health-probe-interval",
-            "0.5",
-            "--http-port",
-            str(port),
-            "--http-address",
-            "127.0.0.1",
-        ],
+        [sys.executable, "-m", "gpufleet.deviceplugin", "--socket-dir", sock, *plugin_args],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -218,40 +211,68 @@ def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
     try:
         if not kubelet.registered.wait(60):
             raise RuntimeError(f"plugin did not register; see {log.name}")
-        # What the kubelet does after a registration: options, a ListAndWatch stream kept open, then
-        # Allocates on the same connection.
-        stub = pb_grpc.DevicePluginStub(grpc.insecure_channel("unix://" + os.path.join(sock, ENDPOINT)))
+        path = os.path.join(sock, endpoint)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stub = pb_grpc.DevicePluginStub(grpc.insecure_channel("unix://" + path))
         stub.GetDevicePluginOptions(pb.Empty())
         watch = Watch(stub)
-        watch.wait(uuids[0], "Healthy")
+        watch.wait(first, "Healthy")
         time.sleep(1)  # let the plugin finish start-up (its GC freeze) before timing
-        result = time_allocates(stub, uuids, allocs, proc.pid)
-        result["server_p99_le_ms"] = server_side_p99(port) * 1000
-
-        # XID -> Unhealthy at the client, on that stream.
-        latencies = []
-        for n in range(xids):
-            index = n % len(uuids)
-            start = time.perf_counter()
-            # `gpu N lost` raises XID 79 on the event set; `ok` lets the probe bring it back next round.
-            control.inject(root, ["gpu", str(index), "lost"])
-            latencies.append(watch.wait(uuids[index], "Unhealthy") - start)
-            control.inject(root, ["gpu", str(index), "ok"])
-            watch.wait(uuids[index], "Healthy")
-        watch.stream.cancel()
-        time.sleep(2)  # idle
-        return {
-            "gpus": len(uuids),
-            **result,
-            "xid_p50_ms": statistics.median(latencies) * 1000,
-            "xid_max_ms": max(latencies) * 1000,
-            "rss_mib": rss_mib(proc.pid),
-        }
+        try:
+            yield stub, watch, proc
+        finally:
+            watch.stream.cancel()
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
         server.stop(0)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def bench(fixture: str, allocs: int, xids: int) -> dict[str, float]:
+    base = tempfile.mkdtemp(prefix="dpb", dir="/tmp")
+    root = os.path.join(base, "root")
+    env = {**os.environ, **machine.sim_env(machine.materialize(fixture, root))}
+    uuids = [g["uuid"] for g in sorted(machine.load_machine(root)["gpus"], key=lambda g: g["index"])]
+    port = free_port()
+    plugin_args = [
+        # 10x the default: the XID phase waits for a probe to see each GPU come back. For Allocate that is
+        # more health work in the plugin than a node sees, not less.
+        "--health-probe-interval",
+        "0.5",
+        "--http-port",
+        str(port),
+        "--http-address",
+        "127.0.0.1",
+    ]
+    try:
+        with plugin_session(env, plugin_args, ENDPOINT, uuids[0]) as (stub, watch, proc):
+            result = time_allocates(stub, uuids, allocs, proc.pid)
+            result["server_p99_le_ms"] = server_side_p99(port) * 1000
+
+            # XID -> Unhealthy at the client, on that stream.
+            latencies = []
+            for n in range(xids):
+                index = n % len(uuids)
+                start = time.perf_counter()
+                # `gpu N lost` raises XID 79 on the event set; `ok` lets the probe bring it back next round.
+                control.inject(root, ["gpu", str(index), "lost"])
+                latencies.append(watch.wait(uuids[index], "Unhealthy") - start)
+                control.inject(root, ["gpu", str(index), "ok"])
+                watch.wait(uuids[index], "Healthy")
+            watch.stream.cancel()
+            time.sleep(2)  # idle
+            return {
+                "gpus": len(uuids),
+                **result,
+                "xid_p50_ms": statistics.median(latencies) * 1000,
+                "xid_max_ms": max(latencies) * 1000,
+                "rss_mib": rss_mib(proc.pid),
+            }
+    finally:
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -1,6 +1,6 @@
 """Device plugin Allocate latency with 56 MIG devices (dgx-a100: 8 GPUs x 7 1g.10gb) on the GPU simulator.
 
-    python bench/deviceplugin_mig_bench.py [--allocs 2000] [--runs 1] [--strategy mixed|single ...]
+    python bench/deviceplugin_mig_bench.py [--allocs 2000] [--runs 1] [--realtime] [--strategy S ...]
 
 The MIG layout is made through pynvml in a child process (MIG mode on, a GPU reset per A100, seven GPU
 instances with a compute instance each per GPU); the plugin runs as its own process with
@@ -22,16 +22,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent import futures
 from pathlib import Path
 
-import grpc
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deviceplugin_bench import Kubelet, Watch, time_allocates
+from deviceplugin_bench import plugin_session, time_allocates
 
-from gpufleet.deviceplugin.api import KUBELET_SOCKET, pb, pb_grpc
 from gpufleet_harness.sim import control, machine
 
 GPUS, PER_GPU = 8, 7
@@ -79,44 +74,15 @@ def make_layout(root: str, env: dict[str, str]) -> list[str]:
 
 def bench(strategy: str, allocs: int) -> dict[str, float]:
     base = tempfile.mkdtemp(prefix="dpmig", dir="/tmp")
-    root, sock = os.path.join(base, "root"), os.path.join(base, "sock")
-    os.mkdir(sock)
+    root = os.path.join(base, "root")
     env = {**os.environ, **machine.sim_env(machine.materialize("dgx-a100", root))}
-    migs = make_layout(root, env)
-    resource = "nvidia.com/gpu" if strategy == "single" else "nvidia.com/mig-1g.10gb"
-    endpoint = "gpufleet-" + resource.replace("/", "-") + ".sock"
-    kubelet = Kubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_RegistrationServicer_to_server(kubelet, server)
-    server.add_insecure_port("unix://" + os.path.join(sock, KUBELET_SOCKET))
-    server.start()
-    log = open(os.path.join(base, "plugin.log"), "w")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet.deviceplugin", "--socket-dir", sock, "--mig-strategy", strategy],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     try:
-        if not kubelet.registered.wait(60):
-            raise RuntimeError(f"plugin did not register; see {log.name}")
-        path = os.path.join(sock, endpoint)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stub = pb_grpc.DevicePluginStub(grpc.insecure_channel("unix://" + path))
-        stub.GetDevicePluginOptions(pb.Empty())
-        watch = Watch(stub)
-        watch.wait(migs[-1], "Healthy")
-        time.sleep(1)  # let the plugin finish start-up (its GC freeze) before timing
-        result = time_allocates(stub, migs, allocs, proc.pid)
-        watch.stream.cancel()
-        return {"devices": len(migs), **result}
+        migs = make_layout(root, env)
+        resource = "nvidia.com/gpu" if strategy == "single" else "nvidia.com/mig-1g.10gb"
+        endpoint = "gpufleet-" + resource.replace("/", "-") + ".sock"
+        with plugin_session(env, ["--mig-strategy", strategy], endpoint, migs[-1]) as (stub, _watch, proc):
+            return {"devices": len(migs), **time_allocates(stub, migs, allocs, proc.pid)}
     finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
-        server.stop(0)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -125,7 +91,13 @@ def main() -> int:
     parser.add_argument("--allocs", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--strategy", action="append", choices=["mixed", "single"])
+    parser.add_argument(
+        "--realtime", action="store_true", help="run bench and plugin SCHED_FIFO (shielded from other jobs)"
+    )
     args = parser.parse_args()
+    if args.realtime:
+        # Before any thread or the plugin exists: both inherit the policy (as in deviceplugin_bench.py).
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
     print(f"{'':<10}{'devices':>8}{'Allocate p50':>14}{'p99':>11}{'>2ms':>6}{'CPU wait':>9}")
     for strategy in args.strategy or ["mixed", "single"]:
         p99s = []

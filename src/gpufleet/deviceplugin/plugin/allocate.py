@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpufleet.deviceplugin.api import pb
 from gpufleet.deviceplugin.config import Config, MountSpec
@@ -20,6 +20,35 @@ CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modese
 # /dev/nvidia-caps/nvidia-cap<cap minor>.
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 MIG_CAP_DEVICE = "/dev/nvidia-caps/nvidia-cap{}"
+
+
+class MigMinors:
+    """The driver's capability table (name -> minor) of one plugin, re-read only when the file changes."""
+
+    def __init__(self) -> None:
+        self._stamp: tuple[int, int] | None = None
+        self._table: dict[str, int] = {}
+
+    def read(self, path: str) -> dict[str, int]:
+        """The table at `path`; empty when it cannot be read."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return {}
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return self._table
+        table: dict[str, int] = {}
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, minor = line.strip().rpartition(" ")
+                    if name and minor.isdigit():
+                        table[name] = int(minor)
+        except OSError:
+            return {}
+        self._stamp, self._table = stamp, table
+        return table
 
 
 @dataclass(frozen=True)
@@ -37,6 +66,8 @@ class AllocateOptions:
     mps_log_dir: str = "/var/log/nvidia-mps"
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
     mps_container_log_dir: str = "/var/log/nvidia-mps"
+    # Per plugin (one per AllocateOptions), not per process: two plugins may read different host roots.
+    mig_minors: MigMinors = field(default_factory=MigMinors, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Config) -> AllocateOptions:
@@ -102,7 +133,7 @@ def mig_response(
         ids = [mig.uuid for _gpu, mig in devices]
     resp.envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
     if opts.pass_device_specs:
-        minors = _mig_minors(opts.host_path(MIG_MINORS))
+        minors = opts.mig_minors.read(opts.host_path(MIG_MINORS))
         for minor in dict.fromkeys(gpu.minor for gpu, _mig in devices):
             _add_device(resp, opts, f"/dev/nvidia{minor}", required=True)
         for name in CONTROL_DEVICES:
@@ -114,32 +145,6 @@ def mig_response(
                     continue
                 _add_device(resp, opts, MIG_CAP_DEVICE.format(minors[cap]), required=True)
     return _with_mounts_and_cdi(resp, opts, ids)
-
-
-_minors_cache: dict[str, tuple[tuple[int, int], dict[str, int]]] = {}
-
-
-def _mig_minors(path: str) -> dict[str, int]:
-    """The driver's capability table (name -> minor), re-read only when the file changes."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {}
-    stamp = (st.st_mtime_ns, st.st_size)
-    cached = _minors_cache.get(path)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    table: dict[str, int] = {}
-    try:
-        with open(path) as f:
-            for line in f:
-                name, _, minor = line.strip().rpartition(" ")
-                if name and minor.isdigit():
-                    table[name] = int(minor)
-    except OSError:
-        return {}
-    _minors_cache[path] = (stamp, table)
-    return table
 
 
 def memory_response(gpus: Sequence[GpuInfo], gib: int, opts: AllocateOptions) -> pb.ContainerAllocateResponse:
