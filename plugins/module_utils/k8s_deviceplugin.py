@@ -3,12 +3,20 @@
 """The gpu_device_plugin module's logic: the objects of the DaemonSet deployment, and the capacity wait.
 
 Objects (DaemonSet mode), in apply order: Namespace (optional), ServiceAccount, ClusterRole and
-ClusterRoleBinding (only when the plugin needs the API), ConfigMap (the plugin's config file),
-DaemonSet. RBAC follows what the plugin calls (src/gpufleet/deviceplugin/labels.py, gpumem/resolver.py):
+ClusterRoleBinding (only when the plugin needs the API), Role and RoleBinding in ``default`` (only with
+named configurations), ConfigMap (the plugin's config file), DaemonSet. RBAC follows what the plugin calls
+(src/gpufleet/deviceplugin/labels.py, gpumem/resolver.py, nodeconfig.py):
 
 - node labels/annotation (``labels.enabled``, the default): nodes get, patch;
-- GPU-memory sharing (``sharing.mode: memory``) also: pods list, get, patch (the hand-off, docs/handoff.md);
-- neither: no role at all and no service account token in the pod.
+- GPU-memory sharing (``sharing.mode: memory``, in the file or in any named configuration) also: pods list,
+  get, patch (the hand-off, docs/handoff.md);
+- named configurations (``configs``): nodes list, watch (the plugin watches its own Node for the label) and
+  events create in ``default`` (its refusal and switch events, where the kubelet records a node's events);
+- none of these: no role at all and no service account token in the pod.
+
+With named configurations the node label picks each node's configuration: ``node_configs`` sets it (the
+module records what it set in a node annotation, and removes only labels it set), and the capacity wait
+expects on each node what the configuration its label picks serves.
 """
 
 from __future__ import annotations
@@ -20,14 +28,25 @@ import os
 import re
 import reprlib
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult, apply, delete
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import RESOURCES, Kube
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import (
+    MERGE_PATCH,
+    ApplyResult,
+    Change,
+    apply,
+    apply_patch,
+    delete,
+    project,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import RESOURCES, Kube, KubeError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
+    POLL_SECONDS,
+    WaitTimeout,
     log_tail,
     pod_problem,
     resource_count,
@@ -50,6 +69,14 @@ MAX_EXPECTED_GPUS = 4096  # GPUs on one node; any more is a typo (and multiplies
 _COUNT_TEXT = re.compile(r"\s*[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
 # The plugin's own spelling of booleans in its config file (src/gpufleet/deviceplugin/config.py).
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+# Named configurations, as the plugin reads and follows them (src/gpufleet/deviceplugin/config.py, app.py,
+# nodeconfig.py): the label that picks one, where the plugin publishes the running one, where its events go.
+DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+DEFAULT_LABEL_PREFIX = "gpufleet.io"
+RUNNING_CONFIG_LABEL = "device-plugin.config"  # under labels.prefix
+EVENT_NAMESPACE = "default"
+# On a Node: the "<label>=<value>" this module set; it removes only a label it set that still has that value.
+CONFIG_LABEL_OWNER = "gpufleet.io/device-plugin.config-label"
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -77,6 +104,7 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
         },
     },
     "expected_gpus": {"type": "dict", "default": {}},
+    "node_configs": {"type": "dict", "default": {}},
     "wait": {"type": "bool", "default": True},
     "wait_timeout": {"type": "int", "default": 300},
 }
@@ -106,13 +134,6 @@ def plugin_config(params: Mapping[str, Any]) -> dict[str, Any]:
     for pinned in ("socket_dir", "node_name"):
         if pinned in cfg:
             raise ParameterError(f"plugin_config.{pinned} is set by the deployment; remove it")
-    if "configs" in cfg:
-        # The plugin reads them (docs/deviceplugin.md, "Named configurations"); this module does not deploy
-        # them yet: its capacity wait and RBAC assume one configuration for every node.
-        raise ParameterError(
-            "plugin_config.configs: named configurations are not deployed by this module yet (its capacity "
-            "wait assumes one configuration on every node); deploy one configuration per node group"
-        )
     if params["mode"] == "daemonset":
         cfg["host_root"] = params["host_root"]
     return cfg
@@ -179,6 +200,98 @@ def shape_of(cfg: Mapping[str, Any]) -> PluginShape:
     return PluginShape(base, 1, labels, False, port)
 
 
+@dataclass(frozen=True)
+class NamedConfigs:
+    """The plugin's named configurations as the module needs them: the label that picks one per node, the
+    default, each one's shape, and the label where the plugin publishes the one it runs (labels enabled)."""
+
+    label: str
+    default: str
+    shapes: Mapping[str, PluginShape]
+    running_label: str | None
+
+    def pick(self, node: Mapping[str, Any] | None) -> tuple[str, str | None]:
+        """The configuration the plugin serves on ``node``, as the plugin picks it, and a warning when the
+        node's label names an unknown one (the plugin then keeps the one it runs: the default at start)."""
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        wanted = labels.get(self.label) or self.default
+        if wanted in self.shapes:
+            return wanted, None
+        running = labels.get(self.running_label) if self.running_label else None
+        kept = str(running) if running in self.shapes else self.default
+        known = ", ".join(sorted(self.shapes))
+        return (
+            kept,
+            f"label {self.label}={wanted} names no configuration (known: {known}); the plugin keeps {kept!r}",
+        )
+
+
+def _nested(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with dotted keys (``sharing.mode: x``: the plugin's file accepts them) as nested mappings."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        *path, last = str(key).split(".")
+        here = out
+        for part in path:
+            if not isinstance(here.get(part), dict):
+                here[part] = {}
+            here = here[part]
+        here[last] = _overlay(here.get(last), _nested(value)) if isinstance(value, Mapping) else value
+    return out
+
+
+def _overlay(base: Any, top: Any) -> Any:
+    """``top`` over ``base``: mappings merged key by key, anything else replaced."""
+    if not isinstance(base, Mapping) or not isinstance(top, Mapping):
+        return copy.deepcopy(top)
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _overlay(base.get(key), value)
+    return out
+
+
+def named_configs(cfg: Mapping[str, Any]) -> NamedConfigs | None:
+    """The file's ``configs`` section (None without one): each named configuration over the file's base;
+    ParameterError when its shape is wrong (the plugin's own loader checks the rest, when installed here)."""
+    section = cfg.get("configs")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ParameterError("plugin_config.configs must be a mapping with label, default and named")
+    named = section.get("named")
+    if not isinstance(named, Mapping) or not named:
+        raise ParameterError(
+            "plugin_config.configs.named: expected a mapping of configuration names to settings"
+        )
+    label = _name(section.get("label", DEFAULT_CONFIG_LABEL), "plugin_config.configs.label")
+    default = section.get("default")
+    if default not in named:
+        raise ParameterError(
+            f"plugin_config.configs.default: expected one of {', '.join(sorted(map(str, named)))}, "
+            f"got {reprlib.repr(default)}"
+        )
+    base = _nested({k: v for k, v in cfg.items() if k != "configs"})
+    shapes = {}
+    for name, doc in named.items():
+        if doc is not None and not isinstance(doc, Mapping):
+            raise ParameterError(f"plugin_config.configs.named.{name} must be a mapping of settings")
+        try:
+            shapes[str(name)] = shape_of(_overlay(base, _nested(doc or {})))
+        except ParameterError as exc:
+            raise ParameterError(f"{exc} (in configs.named.{name})") from None
+    running = None
+    if _flag(_section(base, "labels").get("enabled", True), "plugin_config.labels.enabled"):
+        prefix = _section(base, "labels").get("prefix") or DEFAULT_LABEL_PREFIX
+        running = f"{prefix}/{RUNNING_CONFIG_LABEL}"
+    return NamedConfigs(label, str(default), shapes, running)
+
+
+def default_shape(cfg: Mapping[str, Any]) -> PluginShape:
+    """The shape of what a node without a configuration label gets: the file's, or its default named one."""
+    named = named_configs(cfg)
+    return named.shapes[named.default] if named else shape_of(cfg)
+
+
 def validate_with_plugin(cfg: Mapping[str, Any]) -> str | None:
     """Check the config with the plugin's own loader when gpufleet is installed here; the reason it could
     not be checked otherwise (None when it was). Raises ParameterError on an invalid config."""
@@ -205,14 +318,25 @@ def _labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "device-plugin"}
 
 
-def rbac_rules(shape: PluginShape) -> list[dict[str, Any]]:
-    """The least the plugin needs (empty: it never calls the API)."""
+def rbac_rules(shape: PluginShape, named: NamedConfigs | None = None) -> list[dict[str, Any]]:
+    """The least the plugin needs at cluster scope (empty: it never calls the API). With named
+    configurations, any of which a node may switch to, their union, and the watch on its own Node."""
+    shapes = list(named.shapes.values()) if named else [shape]
+    memory = any(s.memory for s in shapes)
+    verbs = ["get", "patch"] if shape.labels or memory else []
+    if named:
+        verbs += ["list", "watch"]
     rules: list[dict[str, Any]] = []
-    if shape.labels or shape.memory:
-        rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]})
-    if shape.memory:
+    if verbs:
+        rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": verbs})
+    if memory:
         rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]})
     return rules
+
+
+def event_rules(named: NamedConfigs | None) -> list[dict[str, Any]]:
+    """What the plugin needs in ``default``: creating its node events, with named configurations only."""
+    return [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}] if named else []
 
 
 def build_objects(
@@ -222,11 +346,11 @@ def build_objects(
     import yaml
 
     name, ns = params["name"], params["namespace"]
-    shape = shape_of(cfg)
+    shape, named = shape_of(cfg), named_configs(cfg)
     labels = _labels(name)
     config_text = yaml.safe_dump(dict(cfg), sort_keys=True)
-    rules = rbac_rules(shape)
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    rules = rbac_rules(shape, named)
+    subjects = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
     namespace_obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
     account: dict[str, Any] = {
         "apiVersion": "v1",
@@ -234,19 +358,9 @@ def build_objects(
         "metadata": {"name": name, "namespace": ns, "labels": labels},
         "automountServiceAccountToken": bool(rules),
     }
-    role: dict[str, Any] = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name, "labels": labels},
-        "rules": rules,
-    }
-    binding: dict[str, Any] = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name, "labels": labels},
-        "roleRef": role_ref,
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
-    }
+    role, binding = _role_and_binding("ClusterRole", {"name": name, "labels": labels}, rules, subjects)
+    event_meta = {"name": name, "namespace": EVENT_NAMESPACE, "labels": labels}
+    event_role, event_binding = _role_and_binding("Role", event_meta, event_rules(named), subjects)
     configmap = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -272,8 +386,25 @@ def build_objects(
     wanted = ([namespace_obj] if params["create_namespace"] else []) + [account]
     unwanted: list[dict[str, Any]] = []
     (wanted if rules else unwanted).extend([role, binding])
+    (wanted if named else unwanted).extend([event_role, event_binding])
     wanted += [configmap, daemonset]
     return wanted, unwanted
+
+
+def _role_and_binding(
+    kind: str, meta: Mapping[str, Any], rules: list[dict[str, Any]], subjects: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ClusterRole or Role with ``rules`` and its binding to ``subjects``, both with ``meta``."""
+    api = "rbac.authorization.k8s.io"
+    role = {"apiVersion": f"{api}/v1", "kind": kind, "metadata": dict(meta), "rules": rules}
+    binding = {
+        "apiVersion": f"{api}/v1",
+        "kind": f"{kind}Binding",
+        "metadata": dict(meta),
+        "roleRef": {"apiGroup": api, "kind": kind, "name": meta["name"]},
+        "subjects": subjects,
+    }
+    return role, binding
 
 
 def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
@@ -335,25 +466,118 @@ def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
     return spec
 
 
+def gpu_counts(params: Mapping[str, Any]) -> dict[str, int]:
+    """{node: GPUs} from ``expected_gpus``, checked."""
+    return {
+        str(node): _count(gpus, f"expected_gpus.{node}", 0, MAX_EXPECTED_GPUS)
+        for node, gpus in (params["expected_gpus"] or {}).items()
+    }
+
+
+def devices(gpus: int | None, shape: PluginShape) -> int | None:
+    """The count a node with ``gpus`` GPUs advertises under ``shape`` (None: any positive count)."""
+    return None if gpus is None or shape.per_gpu is None else gpus * shape.per_gpu
+
+
 def expected_counts(params: Mapping[str, Any], shape: PluginShape) -> dict[str, int | None]:
     """{node: expected count of the advertised resource} from ``expected_gpus`` (None: any positive)."""
-    out: dict[str, int | None] = {}
-    for node, gpus in (params["expected_gpus"] or {}).items():
-        count = _count(gpus, f"expected_gpus.{node}", 0, MAX_EXPECTED_GPUS)
-        out[str(node)] = None if shape.per_gpu is None else count * shape.per_gpu
+    return {node: devices(gpus, shape) for node, gpus in gpu_counts(params).items()}
+
+
+# -- the node label that picks a named configuration ------------------------------------------------
+def node_config_names(params: Mapping[str, Any], named: NamedConfigs | None) -> dict[str, str | None]:
+    """``node_configs`` checked against the named configurations: {node: name, or None for no label}."""
+    out: dict[str, str | None] = {}
+    for node, name in (params["node_configs"] or {}).items():
+        if name is None or name == "":
+            out[str(node)] = None
+        elif named is None:
+            raise ParameterError(
+                f"node_configs.{node}: {reprlib.repr(name)} names a configuration, "
+                "but plugin_config has no named configurations (configs)"
+            )
+        elif str(name) not in named.shapes:
+            raise ParameterError(
+                f"node_configs.{node}: unknown device plugin configuration {reprlib.repr(name)}; "
+                f"known: {', '.join(sorted(named.shapes))}"
+            )
+        else:
+            out[str(node)] = str(name)
     return out
+
+
+def config_label_patch(node: Mapping[str, Any], label: str | None, value: str | None) -> dict[str, Any]:
+    """The merge patch giving ``node`` the label ``label=value`` and recording it as this module's (value
+    None: no label of this module's); empty when nothing changes. A label the module did not set, or whose
+    value someone changed since, is never removed: the annotation recording it goes instead."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    owned = (meta.get("annotations") or {}).get(CONFIG_LABEL_OWNER) or ""
+    old_key, old_value = owned.partition("=")[::2]
+    record = f"{label}={value}" if label and value is not None else ""
+    new_labels: dict[str, str | None] = {}
+    if old_key and labels.get(old_key) == old_value and (not record or old_key != label):
+        new_labels[old_key] = None
+    if record and labels.get(str(label)) != value:
+        new_labels[str(label)] = value
+    patch: dict[str, Any] = {}
+    if new_labels:
+        patch["labels"] = new_labels
+    if owned != record:
+        patch["annotations"] = {CONFIG_LABEL_OWNER: record or None}
+    return {"metadata": patch} if patch else {}
+
+
+def label_nodes(
+    kube: Kube, wanted: Mapping[str, str | None], named: NamedConfigs | None, check_mode: bool
+) -> ApplyResult:
+    """Give each node of ``wanted`` its configuration label (None: remove the one this module set)."""
+    result = ApplyResult()
+    nodes = RESOURCES["Node"]
+    label = named.label if named else None
+    for name, value in sorted(wanted.items()):
+        node = kube.get(nodes, name)
+        if node is None:
+            if value is None:
+                continue
+            error = KubeError(f"node_configs.{name}: no such node in the cluster (to label {label}={value})")
+            error.partial = result
+            raise error
+        patch = config_label_patch(node, label, value)
+        if not patch:
+            if value is not None:
+                result.changes.append(Change("Node", name, None, "unchanged"))
+            continue
+        before = project(node, patch)
+        if not check_mode:
+            try:
+                kube.request(
+                    "PATCH",
+                    nodes.path(None, name),
+                    body=patch,
+                    content_type=MERGE_PATCH,
+                    what=("patch", nodes.display, None, name),
+                )
+            except KubeError as exc:
+                exc.partial = result
+                raise
+        result.changes.append(Change("Node", name, None, "updated", before, apply_patch(before, patch)))
+    return result
 
 
 class CapacityExplainer:
     """Turns a node that lacks the plugin's resource into a reason: no pod, pod failing, not registered,
-    fewer devices than expected, unhealthy devices (with the plugin's last log lines)."""
+    fewer devices than expected, unhealthy devices (with the plugin's last log lines). ``target`` says what
+    a node should report: (resource, count or None for any positive count)."""
 
     def __init__(
-        self, kube: Kube, params: Mapping[str, Any], shape: PluginShape, daemonset: dict[str, Any] | None
+        self,
+        kube: Kube,
+        params: Mapping[str, Any],
+        daemonset: dict[str, Any] | None,
+        target: Callable[[str, dict[str, Any] | None], tuple[str, int | None]],
     ):
-        self.kube, self.params, self.shape = kube, params, shape
-        self.daemonset = daemonset
-        self.expected = expected_counts(params, shape)
+        self.kube, self.params, self.daemonset, self.target = kube, params, daemonset, target
 
     def _pod(self, node_name: str) -> dict[str, Any] | None:
         if self.daemonset is None:
@@ -376,7 +600,7 @@ class CapacityExplainer:
     def __call__(self, node_name: str, node: dict[str, Any] | None) -> str:
         if node is None:
             return "no such node in the cluster"
-        res = self.shape.resource
+        res, want = self.target(node_name, node)
         pod = self._pod(node_name)
         if self.daemonset is not None:
             if pod is None:
@@ -387,7 +611,6 @@ class CapacityExplainer:
                 return problem
         capacity = resource_count(node, "capacity", res)
         allocatable = resource_count(node, "allocatable", res)
-        want = self.expected.get(node_name)
         if capacity is None:
             return f"plugin not registered with the kubelet: the node reports no {res}" + self._log(pod)
         if capacity == 0:
@@ -400,45 +623,118 @@ class CapacityExplainer:
 
 
 def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> tuple[ApplyResult, list[str]]:
-    """Apply (state present) or delete (absent) the DaemonSet-mode objects; (changes, warnings).
+    """State present: label the nodes of ``node_configs``, then apply the DaemonSet-mode objects, all of it
+    checked before the first write. State absent: delete the objects, then the labels this module set on
+    those nodes. Returns (changes, warnings).
 
-    In systemd mode nothing in the cluster is the module's: the node-side install is the role's job.
+    In systemd mode only the node labels are the module's: the node-side install is the role's job.
     """
-    if params["mode"] != "daemonset":
-        return ApplyResult(), []
     cfg = plugin_config(params)
-    wanted, unwanted = build_objects(params, cfg)
+    named = named_configs(cfg)
+    daemonset = params["mode"] == "daemonset"
+    wanted, unwanted = build_objects(params, cfg) if daemonset else ([], [])
     if params["state"] == "absent":
         timeout = params["wait_timeout"] if params["wait"] else 0
-        return delete(kube, wanted + unwanted, check_mode=check_mode, wait_timeout=timeout), []
+        removed = delete(kube, wanted + unwanted, check_mode=check_mode, wait_timeout=timeout)
+        ours = dict.fromkeys(map(str, params["node_configs"] or {}))  # every label this module set goes
+        removed.changes += label_nodes(kube, ours, named, check_mode).changes
+        return removed, []
+    picks = node_config_names(params, named)
     warnings = []
-    note = validate_with_plugin(cfg)
+    note = validate_with_plugin(cfg) if daemonset else None
     if note:
         warnings.append(f"plugin_config not validated: {note}")
-    applied = apply(kube, wanted, check_mode=check_mode)
+    # Labels first: a new plugin pod finds its node's label at start, not at some later moment.
+    result = label_nodes(kube, picks, named, check_mode)
+    try:
+        applied = apply(kube, wanted, check_mode=check_mode)
+    except KubeError as exc:
+        if exc.partial is not None:
+            exc.partial.changes[:0] = result.changes
+        raise
     pruned = delete(kube, unwanted, check_mode=check_mode)
-    applied.changes += [c for c in pruned.changes if c.action != "absent"]
-    return applied, warnings
+    result.changes += applied.changes + [c for c in pruned.changes if c.action != "absent"]
+    return result, warnings
 
 
-def wait_ready(kube: Kube, params: Mapping[str, Any]) -> dict[str, dict[str, int | None]]:
-    """Rollout done (DaemonSet mode) and every target node reports the expected capacity and allocatable."""
-    shape = shape_of(plugin_config(params))
+def wait_ready(kube: Kube, params: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Rollout done (DaemonSet mode) and every target node reports the expected capacity and allocatable;
+    (per node what it reports, warnings). With named configurations each node is expected to serve what
+    the configuration its label picks serves."""
+    cfg = plugin_config(params)
+    shape, named = shape_of(cfg), named_configs(cfg)
     daemonset = None
     if params["mode"] == "daemonset":
         daemonset = wait_rollout(
             kube, "DaemonSet", params["name"], params["namespace"], params["wait_timeout"]
         )
-    expected = expected_counts(params, shape)
-    if not expected:
-        expected = _nodes_running_the_plugin(kube, params, daemonset)
-    explain = CapacityExplainer(kube, params, shape, daemonset)
-    return wait_node_resources(kube, shape.resource, expected, params["wait_timeout"], explain)
+    gpus: dict[str, int | None] = dict(gpu_counts(params))
+    if not gpus:
+        gpus = dict.fromkeys(_nodes_running_the_plugin(kube, params, daemonset))
+    if named is None:
+        expected = {node: devices(count, shape) for node, count in gpus.items()}
+        explain = CapacityExplainer(kube, params, daemonset, lambda n, _: (shape.resource, expected[n]))
+        return wait_node_resources(kube, shape.resource, expected, params["wait_timeout"], explain), []
+
+    def target(node_name: str, node: dict[str, Any] | None) -> tuple[str, int | None]:
+        picked = named.shapes[named.pick(node)[0]]
+        return picked.resource, devices(gpus[node_name], picked)
+
+    explain = CapacityExplainer(kube, params, daemonset, target)
+    return wait_named_resources(kube, named, gpus, params["wait_timeout"], explain)
+
+
+def wait_named_resources(
+    kube: Kube,
+    named: NamedConfigs,
+    gpus: Mapping[str, int | None],
+    timeout: float,
+    explain: CapacityExplainer,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Wait until each node of ``gpus`` reports, in capacity and allocatable, what the configuration its
+    label picks serves (read again at every poll, as the plugin follows the label); WaitTimeout naming each
+    node that falls short, its configuration and why. Unknown names in labels come back as warnings."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = {n: kube.get(RESOURCES["Node"], n) for n in gpus}
+        picked = {n: named.pick(node) for n, node in seen.items()}
+        shapes = {n: named.shapes[pick[0]] for n, pick in picked.items()}
+        short = [n for n in gpus if not _serves(seen[n], shapes[n].resource, devices(gpus[n], shapes[n]))]
+        left = deadline - time.monotonic()
+        if not short or left <= 0:
+            break
+        time.sleep(min(2 * POLL_SECONDS, left))
+    warnings = [f"node {n}: {pick[1]}" for n, pick in sorted(picked.items()) if pick[1]]
+    if short:
+        reasons = [f"{n} (configuration {picked[n][0]}): {explain(n, seen[n])}" for n in sorted(short)]
+        raise WaitTimeout(
+            f"{len(short)} of {len(gpus)} node(s) do not report what their device plugin configuration "
+            f"serves after {timeout:.0f}s: " + "; ".join(reasons + warnings)
+        )
+    return {
+        n: {
+            "config": picked[n][0],
+            "resource": shapes[n].resource,
+            "capacity": resource_count(node or {}, "capacity", shapes[n].resource),
+            "allocatable": resource_count(node or {}, "allocatable", shapes[n].resource),
+        }
+        for n, node in seen.items()
+    }, warnings
+
+
+def _serves(node: Mapping[str, Any] | None, resource: str, want: int | None) -> bool:
+    """The node reports ``want`` of ``resource`` (None: some) in capacity and in allocatable."""
+    if node is None:
+        return False
+    capacity = resource_count(node, "capacity", resource)
+    if want is None:
+        return bool(capacity) and capacity == resource_count(node, "allocatable", resource)
+    return capacity == want == resource_count(node, "allocatable", resource)
 
 
 def _nodes_running_the_plugin(
     kube: Kube, params: Mapping[str, Any], daemonset: dict[str, Any] | None
-) -> dict[str, int | None]:
+) -> list[str]:
     """Without ``expected_gpus``: every node the DaemonSet runs on must report some of the resource."""
     if daemonset is None:
         raise ParameterError("mode systemd with wait needs expected_gpus (which nodes to wait for)")
@@ -451,4 +747,4 @@ def _nodes_running_the_plugin(
             f"DaemonSet {params['namespace']}/{params['name']} runs on no node "
             f"(nodeSelector {json.dumps(spec.get('nodeSelector') or {})}); set node_selector or expected_gpus"
         )
-    return dict.fromkeys(nodes)
+    return nodes

@@ -22,9 +22,16 @@ description:
     C(get) and C(patch); GPU-memory sharing (C(sharing.mode=memory)) also needs pods C(list), C(get) and
     C(patch) for the hand-off with the scheduler extender; with neither, no role is created and the pod
     gets no service account token."
+  - "Named configurations (C(configs) in O(plugin_config), docs/deviceplugin.md): one DaemonSet serves a mixed
+    fleet, and a node label (C(configs.label), default C(nvidia.com/device-plugin.config)) picks each node's
+    configuration. RBAC then adds nodes C(list) and C(watch) (the plugin watches its own Node) and, in a Role
+    in the namespace C(default), events C(create) (its events on the node); a named configuration with
+    GPU-memory sharing adds the pod rules. O(node_configs) sets the label on nodes before the DaemonSet is
+    applied, and the capacity wait expects on each node what the configuration its label picks serves (no
+    label - C(configs.default); an unknown name - the one the plugin keeps, with a warning)."
   - In systemd mode the plugin runs as a systemd unit on each GPU node, installed by the
     C(gpufleet.nvidia.gpufleet_kubernetes) role with builtin modules (virtualenv, config file, unit). This
-    module then manages nothing in the cluster and only waits for the nodes' capacity.
+    module then manages only the node labels of O(node_configs) and waits for the nodes' capacity.
   - When a node falls short the module fails naming the node and why, in this order - no such node, no
     plugin pod on it (and why not - node selector, an untolerated taint, node not Ready), the pod is not
     ready (waiting reason, crash, last log lines), the plugin is not registered with the kubelet, it
@@ -77,6 +84,7 @@ options:
       - C(host_root) is set from O(host_root); C(socket_dir) and C(node_name) are the deployment's and may not be
         given.
       - Changing it rolls the DaemonSet (its pods carry the configuration's hash).
+      - C(configs) holds named configurations (C(label), C(default), C(named)); see O(node_configs).
     type: dict
     default: {}
   node_selector:
@@ -134,9 +142,21 @@ options:
     description:
       - Node name to number of GPUs, e.g. from each host's C(gpufleet_gpu.gpu_count) fact. The module waits until
         each of these nodes reports that many devices (times the replicas with time-slicing; any positive number
-        of GiB with GPU-memory sharing) in capacity and allocatable.
+        of GiB with GPU-memory sharing) in capacity and allocatable. With named configurations, the sharing mode
+        and resource are those of the configuration the node's label picks, read again at every poll.
       - Empty in DaemonSet mode - every node the DaemonSet runs on must report some. Required in systemd mode with
         O(wait).
+    type: dict
+    default: {}
+  node_configs:
+    description:
+      - Node name to the name of its named configuration (one of C(configs.named) in O(plugin_config)), set as
+        the node's C(configs.label) label before the plugin is deployed. An unknown name fails the module
+        before anything is written.
+      - A null or empty name removes the label, but only if this module set it and it still has the value the
+        module set (recorded in the node annotation C(gpufleet.io/device-plugin.config-label)); a label set by
+        someone else is left alone. Nodes not listed are not touched.
+      - With O(state=absent), every listed node loses the label this module set.
     type: dict
     default: {}
   wait:
@@ -159,6 +179,8 @@ notes:
   - Quantities in O(resources) should be given as the API server writes them back (C(100m), C(64Mi)), else every
     run reports a change.
   - Tested against a Kubernetes 1.20 API server and kubelet built from Debian's source, with simulated GPUs.
+  - The capacity wait does not follow C(mig.strategy) V(single) or V(mixed), whose resources depend on each node's
+    MIG layout, nor settings overridden with O(env).
 seealso:
   - module: gpufleet.nvidia.gpu_scheduler_extender
   - name: Device plugin documentation
@@ -190,6 +212,27 @@ EXAMPLES = r"""
   delegate_to: localhost
   run_once: true
 
+- name: One DaemonSet for a mixed fleet, each node's configuration picked by its label
+  gpufleet.nvidia.gpu_device_plugin:
+    plugin_config:
+      configs:
+        default: training
+        named:
+          training: {}
+          inference:
+            sharing:
+              mode: time-slicing
+              time_slicing:
+                replicas: 4
+    node_configs:
+      dgx-01: training
+      t4-07: inference
+    expected_gpus:
+      dgx-01: 8
+      t4-07: 2
+  delegate_to: localhost
+  run_once: true
+
 - name: Wait for plugins installed as systemd units to register
   gpufleet.nvidia.gpu_device_plugin:
     mode: systemd
@@ -211,7 +254,7 @@ changed:
   type: bool
   sample: false
 resource:
-  description: The extended resource the plugin advertises.
+  description: The extended resource the plugin advertises (with named configurations, that of C(configs.default)).
   returned: always
   type: str
   sample: nvidia.com/gpu
@@ -222,7 +265,7 @@ objects:
   elements: dict
   contains:
     kind:
-      description: Object kind.
+      description: Object kind (V(Node) for the configuration label of O(node_configs)).
       type: str
       sample: DaemonSet
     name:
@@ -245,7 +288,10 @@ objects:
   sample:
     - {"kind": "DaemonSet", "name": "gpufleet-device-plugin", "namespace": "gpufleet-system", "action": "created"}
 nodes:
-  description: Per waited-for node, the resource's capacity and allocatable once they matched.
+  description:
+    - Per waited-for node, the resource's capacity and allocatable once they matched.
+    - With named configurations also the configuration the node's label picks (C(config)) and its resource
+      (C(resource)).
   returned: when state is present, wait is true and not in check mode
   type: dict
   sample: {"dgx-01": {"capacity": 8, "allocatable": 8}}
@@ -261,9 +307,9 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_deviceplugin import (
     ARGUMENT_SPEC,
     ParameterError,
+    default_shape,
     plugin_config,
     reconcile,
-    shape_of,
     wait_ready,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import (
@@ -280,19 +326,21 @@ def main() -> None:
     result: dict = {"changed": False, "objects": [], "nodes": {}}
     waits = params["state"] == "present" and params["wait"] and not module.check_mode
     try:
-        result["resource"] = shape_of(plugin_config(params)).resource
+        result["resource"] = default_shape(plugin_config(params)).resource
     except ParameterError as exc:
         module.fail_json(msg=str(exc), **result)
-    if params["mode"] == "systemd" and not waits:
-        module.exit_json(**result)  # nothing in the cluster is this module's in systemd mode
+    if params["mode"] == "systemd" and not waits and not params["node_configs"]:
+        module.exit_json(**result)  # in systemd mode only node labels in the cluster are this module's
     kube, applied = reconcile_or_fail(module, reconcile, result, (ParameterError,))
     if module._diff:
         result["diff"] = applied.diffs()
     if waits:
         try:
-            result["nodes"] = wait_ready(kube, params)
+            result["nodes"], warnings = wait_ready(kube, params)
         except (KubeError, ParameterError) as exc:
             module.fail_json(msg=str(exc), **result)
+        for warning in warnings:
+            module.warn(warning)
     kube.close()
     module.exit_json(**result)
 

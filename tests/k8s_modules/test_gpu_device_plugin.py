@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 from labstack import SIM_DIR, LabStack, run_tasks, timed, wait_until
 from modargs import COMMON_KINDS, admin_args, lab_plugin_args, object_actions
 from modargs import DEVICE_PLUGIN as MODULE
@@ -21,6 +22,20 @@ from modargs import plain as _plain
 from gpufleet_harness.sim import control as simcontrol
 
 pytestmark = pytest.mark.cluster
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+OWNER_ANNOTATION = "gpufleet.io/device-plugin.config-label"
+EVENT_NAMESPACE = "default"
+# Whole GPUs by default, time-sliced by three where a node's label says so.
+NAMED_CONFIG = {
+    "configs": {
+        "default": "whole",
+        "named": {
+            "whole": {},
+            "sliced": {"sharing": {"mode": "time-slicing", "time_slicing": {"replicas": 3}}},
+        },
+    }
+}
 
 
 def _lab_daemonset(stack: LabStack, name: str, **extra: Any) -> dict[str, Any]:
@@ -43,6 +58,7 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
     rbac = k8s.RbacAuthorizationV1Api(stack.control_plane.api_client())
     rules = _plain(rbac.read_cluster_role(name))["rules"]
     assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert not _event_role(rbac, name), "no event rights without named configurations"
     apps = k8s.AppsV1Api(stack.control_plane.api_client())
     ds = _plain(apps.read_namespaced_daemon_set(name, name))
     pod = ds["spec"]["template"]["spec"]
@@ -97,6 +113,105 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
     assert name not in {n.metadata.name for n in core.list_namespace().items}
     again = run_tasks([{MODULE: {**args, "state": "absent"}}], tmp_path).task()
     assert not again["changed"] and {o["action"] for o in again["objects"]} == {"absent"}
+
+
+def _event_role(rbac: k8s.RbacAuthorizationV1Api, name: str) -> dict[str, Any] | None:
+    """The plugin's Role in ``default`` (where it posts its node events), None when there is none."""
+    try:
+        return dict(_plain(rbac.read_namespaced_role(name, EVENT_NAMESPACE)))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _node_labels(core: k8s.CoreV1Api, node: str) -> dict[str, str]:
+    return dict(_plain(core.read_node(node))["metadata"].get("labels") or {})
+
+
+def test_named_configurations_get_watch_and_event_rbac_and_the_nodes_their_labels(
+    stack: LabStack, tmp_path: Path
+) -> None:
+    """Named configurations without pods (two API-only Node objects): the RBAC they need, the labels of
+    ``node_configs`` set before anything else, check mode and diff, idempotence, a hand-set label left alone,
+    an unknown name refused before anything is written, absent removing only the module's own label."""
+    name = f"dp-{secrets.token_hex(3)}"
+    core = stack.control_plane.core_v1()
+    rbac = k8s.RbacAuthorizationV1Api(stack.control_plane.api_client())
+    ours, hand_set = f"{name}-ours", f"{name}-hand"
+    core.create_node({"metadata": {"name": ours}})
+    core.create_node({"metadata": {"name": hand_set, "labels": {CONFIG_LABEL: "sliced"}}})
+    args = admin_args(
+        stack,
+        name,
+        wait=False,
+        node_selector={"gpufleet.io/none": "x"},
+        plugin_config=NAMED_CONFIG,
+        node_configs={ours: "sliced", hand_set: None},
+    )
+    try:
+        check = run_tasks([{MODULE: args}], tmp_path, args=["--check"]).task()
+        assert check["changed"] and ("Node", "updated") in object_actions(check), check
+        assert CONFIG_LABEL not in _node_labels(core, ours), "check mode labelled a node"
+
+        first = run_tasks([{MODULE: args}], tmp_path).task()
+        assert (
+            object_actions(first)
+            == [
+                ("Node", "updated"),  # first: a plugin pod finds its label at start
+                *((kind, "created") for kind in COMMON_KINDS[:-1]),
+                ("Role", "created"),
+                ("RoleBinding", "created"),
+                ("ConfigMap", "created"),
+                ("DaemonSet", "created"),
+            ]
+        ), first
+        assert first["resource"] == "nvidia.com/gpu"
+        rules = _plain(rbac.read_cluster_role(name))["rules"]
+        assert rules == [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "list", "watch"]}
+        ]
+        role = _event_role(rbac, name)
+        assert role and role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+        binding = _plain(rbac.read_namespaced_role_binding(name, EVENT_NAMESPACE))
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": name}]
+        labelled = _plain(core.read_node(ours))["metadata"]
+        assert labelled["labels"][CONFIG_LABEL] == "sliced"
+        assert labelled["annotations"][OWNER_ANNOTATION] == f"{CONFIG_LABEL}=sliced"
+
+        second = run_tasks([{MODULE: args}], tmp_path).task()
+        assert not second["changed"], second
+        assert {o["action"] for o in second["objects"]} == {"unchanged"}
+
+        # taking the name away: check mode shows the label going and leaves it
+        unset = {**args, "node_configs": {ours: None, hand_set: None}}
+        preview = run_tasks([{MODULE: unset}], tmp_path, args=["--check", "--diff"]).task()
+        assert [(o["kind"], o["name"]) for o in preview["objects"] if o["action"] == "updated"] == [
+            ("Node", ours)
+        ]
+        diff = {d["before_header"]: d for d in preview["diff"]}[f"Node {ours}"]
+        assert f"{CONFIG_LABEL}: sliced" in diff["before"] and CONFIG_LABEL not in diff["after"]
+        assert _node_labels(core, ours)[CONFIG_LABEL] == "sliced"
+
+        unknown = run_tasks([{MODULE: {**args, "node_configs": {ours: "inferense"}}}], tmp_path).task()
+        assert unknown["failed"] and unknown["objects"] == []
+        assert (
+            f"node_configs.{ours}: unknown device plugin configuration 'inferense'; known: sliced, whole"
+            in unknown["msg"]
+        )
+
+        gone = run_tasks([{MODULE: {**unset, "state": "absent", "wait": True, "wait_timeout": 60}}], tmp_path)
+        assert ("Node", "updated") in object_actions(gone.task()) and ("Role", "deleted") in object_actions(
+            gone.task()
+        )
+        assert CONFIG_LABEL not in _node_labels(core, ours)
+        assert OWNER_ANNOTATION not in (_plain(core.read_node(ours))["metadata"].get("annotations") or {})
+        assert _node_labels(core, hand_set)[CONFIG_LABEL] == "sliced", "a label the module did not set stays"
+        assert not _event_role(rbac, name)
+    finally:
+        run_tasks([{MODULE: {**args, "state": "absent", "wait": False, "node_configs": {}}}], tmp_path)
+        for node in (ours, hand_set):
+            core.delete_node(node)
 
 
 def test_invalid_plugin_config_is_refused_before_anything_is_written(stack: LabStack, tmp_path: Path) -> None:
@@ -176,6 +291,106 @@ def test_daemonset_waits_for_rollout_and_every_node_capacity(stack: LabStack, tm
         time.sleep(2)
         simcontrol.inject(nodes["gpu-a"].sim_root, ["gpu", "3", "ok"])
         run_tasks([{MODULE: {**args, "state": "absent", "wait": True, "wait_timeout": 60}}], tmp_path)
+
+
+def test_one_daemonset_serves_each_node_the_configuration_its_label_picks(
+    stack: LabStack, tmp_path: Path
+) -> None:
+    """Named configurations on both lab nodes, through the plugin's own service account: gpu-b labelled
+    ``sliced`` by the module (2 GPUs x 3), gpu-a on the default (8 whole GPUs); a hand-set unknown name is
+    refused by the plugin with its event and the wait expects the configuration it keeps; the name taken
+    away switches gpu-b back live, and the wait follows."""
+    stack.nodes()
+    core = stack.control_plane.core_v1()
+    name = f"dp-{secrets.token_hex(3)}"
+    selector = {"gpufleet.io/dp-test": name}
+    # labels off: the plugin must not publish gpufleet.io/gpu-sharing over gpu-b's lab label; its RBAC is
+    # then exactly the watch on its Node and its events
+    config = {
+        **NAMED_CONFIG,
+        "http": {"port": 0},
+        "health": {"probe_interval": 1},
+        "labels": {"enabled": False},
+    }
+    args = admin_args(stack, name, **lab_plugin_args(stack), plugin_config=config) | {
+        "node_selector": selector,
+        "expected_gpus": {"gpu-a": 8, "gpu-b": 2},
+        "node_configs": {"gpu-b": "sliced"},
+        "wait_timeout": 180,
+    }
+    for node in ("gpu-a", "gpu-b"):
+        core.patch_node(node, {"metadata": {"labels": selector}})
+    try:
+        with timed(stack.timings, "device plugin module: named configurations on two nodes"):
+            first = run_tasks([{MODULE: args}], tmp_path).task()
+        assert not first.get("failed"), first.get("msg")
+        assert first["nodes"] == {
+            "gpu-a": {"config": "whole", "resource": "nvidia.com/gpu", "capacity": 8, "allocatable": 8},
+            "gpu-b": {"config": "sliced", "resource": "nvidia.com/gpu", "capacity": 6, "allocatable": 6},
+        }
+        again = run_tasks([{MODULE: args}], tmp_path).task()
+        assert not again["changed"] and again["nodes"] == first["nodes"], again
+
+        # an unknown name set by hand: the plugin refuses it (its event, through its Role) and keeps "whole"
+        core.patch_node("gpu-a", {"metadata": {"labels": {CONFIG_LABEL: "inferense"}}})
+        wait_until(
+            "the plugin's refusal on gpu-a",
+            lambda: _config_event(core, "gpu-a", "DevicePluginConfigUnknown", "'inferense'"),
+            60,
+        )
+        kept = run_tasks([{MODULE: args}], tmp_path).task()
+        assert not kept.get("failed") and kept["nodes"]["gpu-a"]["config"] == "whole", kept
+        assert (
+            f"node gpu-a: label {CONFIG_LABEL}=inferense names no configuration (known: sliced, whole); "
+            "the plugin keeps 'whole'" in kept["warnings"]
+        )
+
+        # the module's label taken away: gpu-b switches back to whole GPUs, live
+        back = run_tasks([{MODULE: {**args, "node_configs": {"gpu-b": None}}}], tmp_path).task()
+        assert not back.get("failed"), back.get("msg")
+        assert back["nodes"]["gpu-b"] == {
+            "config": "whole",
+            "resource": "nvidia.com/gpu",
+            "capacity": 2,
+            "allocatable": 2,
+        }
+        assert CONFIG_LABEL not in _node_labels(core, "gpu-b")
+        wait_until(
+            "the switch back's event on gpu-b",
+            lambda: _config_event(core, "gpu-b", "DevicePluginConfigApplied", "'whole' (was 'sliced')"),
+            30,
+        )
+    finally:
+        run_tasks(
+            [
+                {
+                    MODULE: {
+                        **args,
+                        "state": "absent",
+                        "wait": True,
+                        "wait_timeout": 60,
+                        "node_configs": {"gpu-b": None},
+                    }
+                }
+            ],
+            tmp_path,
+        )
+        for node in ("gpu-a", "gpu-b"):
+            core.patch_node(node, {"metadata": {"labels": {"gpufleet.io/dp-test": None, CONFIG_LABEL: None}}})
+
+
+def _config_event(core: k8s.CoreV1Api, node: str, reason: str, text: str) -> dict[str, Any] | None:
+    """An event the device plugin posted on ``node`` with this reason and ``text`` in its message."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node},reason={reason}"
+    items = _plain(core.list_namespaced_event(EVENT_NAMESPACE, field_selector=selector))["items"]
+    return next(
+        (
+            e
+            for e in items
+            if (e.get("source") or {}).get("component") == "gpufleet-device-plugin" and text in e["message"]
+        ),
+        None,
+    )
 
 
 def test_pod_that_cannot_start_is_named_with_its_reason(stack: LabStack, tmp_path: Path) -> None:

@@ -139,3 +139,93 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
         assert "gpufleet-role" not in {n.metadata.name for n in cp.core_v1().list_namespace().items}
     finally:
         runner.stop()
+
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
+
+def test_role_labels_each_node_with_its_configuration_and_refuses_an_unknown_name(
+    stack: LabStack, tmp_path: Path
+) -> None:
+    """gpufleet_device_plugin_config_name (per host, then per group) picks a node's named configuration: an
+    unknown name fails before anything is deployed; a known one labels gpu-a, whose plugin then advertises
+    that configuration's devices; a second run changes nothing; the name taken away removes the role's label
+    and gpu-a is back on the default; absent leaves no label."""
+    stack.nodes()
+    cp = stack.control_plane
+    core = cp.core_v1()
+    namespace = "gpufleet-role-named"
+    config = {
+        "http": {"port": 0},
+        "labels": {"enabled": False},
+        "configs": {
+            "default": "whole",
+            "named": {
+                "whole": {},
+                "sliced": {"sharing": {"mode": "time-slicing", "time_slicing": {"replicas": 2}}},
+            },
+        },
+    }
+    common = {
+        "gpufleet_kubernetes_kubeconfig": str(cp.kubeconfig()),
+        "gpufleet_kubernetes_namespace": namespace,
+        "gpufleet_kubernetes_extender_enabled": False,
+        "gpufleet_kubernetes_device_plugin_image": stack.image.name,
+        "gpufleet_kubernetes_device_plugin_image_pull_policy": "Never",
+        "gpufleet_kubernetes_device_plugin_node_selector": {"gpufleet.io/lab-gpus": "whole"},
+        "gpufleet_kubernetes_device_plugin_config": config,
+        "gpufleet_kubernetes_device_plugin_host_root": f"{SIM_DIR}/host",
+        "gpufleet_kubernetes_device_plugin_host_network": True,
+        "gpufleet_kubernetes_device_plugin_env": stack.pod_env(),
+        "gpufleet_kubernetes_device_plugin_extra_volumes": stack.sim_volumes(),
+        "gpufleet_kubernetes_device_plugin_wait_timeout": 180,
+    }
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    host |= {"gpufleet_expected_gpu_count": 8}
+
+    def inventory(host_vars: dict[str, str], group_vars: dict[str, str]) -> Path:
+        doc = {
+            "all": {"vars": common},
+            "gpu_nodes": {"hosts": {"gpu-a.lab.example": {**host, **host_vars}}, "vars": group_vars},
+        }
+        path = tmp_path / "inventory.yml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    name_var = "gpufleet_device_plugin_config_name"
+    try:
+        unknown = _playbook(inventory({name_var: "slised"}, {}))
+        assert unknown.returncode != 0
+        assert (
+            f"GPU node gpu-a.lab.example: {name_var} slised is not a named configuration of the device "
+            "plugin; known: sliced, whole (gpufleet_kubernetes_device_plugin_config.configs.named)"
+            in unknown.stdout
+        ), unknown.stdout[-3000:]
+        assert namespace not in {n.metadata.name for n in core.list_namespace().items}, "deployed anyway"
+        assert CONFIG_LABEL not in (core.read_node("gpu-a").metadata.labels or {})
+
+        per_group = inventory({}, {name_var: "sliced"})
+        with timed(stack.timings, "kubernetes.yml: named configuration by group"):
+            first = _playbook(per_group)
+        assert first.returncode == 0, first.stdout[-4000:]
+        node = core.read_node("gpu-a")
+        assert node.metadata.labels[CONFIG_LABEL] == "sliced"
+        assert node.status.allocatable["nvidia.com/gpu"] == "16"  # the role's wait saw 8 GPUs x 2
+
+        second = _playbook(per_group)
+        assert second.returncode == 0, second.stdout[-4000:]
+        assert _recap(second.stdout)["gpu-a.lab.example"]["changed"] == 0, second.stdout[-3000:]
+
+        unset = _playbook(inventory({}, {}))
+        assert unset.returncode == 0, unset.stdout[-4000:]
+        node = core.read_node("gpu-a")
+        assert CONFIG_LABEL not in (node.metadata.labels or {})
+        assert node.status.allocatable["nvidia.com/gpu"] == "8"  # switched back live, waited for by the role
+
+        gone = _playbook(per_group, "-e", "gpufleet_kubernetes_state=absent")
+        assert gone.returncode == 0, gone.stdout[-4000:]
+        assert CONFIG_LABEL not in (core.read_node("gpu-a").metadata.labels or {})
+        assert namespace not in {n.metadata.name for n in core.list_namespace().items}
+    finally:
+        _playbook(inventory({}, {}), "-e", "gpufleet_kubernetes_state=absent")
+        core.patch_node("gpu-a", {"metadata": {"labels": {CONFIG_LABEL: None}}})

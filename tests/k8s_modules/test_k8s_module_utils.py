@@ -132,11 +132,149 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
         k8s_deviceplugin.ParameterError, match=r"plugin_config\.node_name is set by the deployment"
     ):
         k8s_deviceplugin.plugin_config(_dp_params(plugin_config={"node_name": "x"}))
-    # the plugin reads named configurations; the module says plainly that it cannot deploy them yet
-    named = {"configs": {"default": "a", "named": {"a": {}}}}
-    with pytest.raises(k8s_deviceplugin.ParameterError, match=r"plugin_config\.configs: named configurations "
-                       r"are not deployed by this module yet"):  # fmt: skip
-        k8s_deviceplugin.plugin_config(_dp_params(plugin_config=named))
+
+
+# -- named configurations --------------------------------------------------------------------------
+NODES_GET_PATCH = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
+PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]}
+NAMED = {
+    "configs": {
+        "default": "training",
+        "named": {
+            "training": {},
+            "sliced": {"sharing": {"mode": "time-slicing", "time_slicing": {"replicas": 4}}},
+            "renamed": {
+                "sharing.mode": "time-slicing",
+                "sharing.time_slicing.rename": "nvidia.com/gpu.shared",
+            },
+        },
+    }
+}
+
+
+def _named(config: dict) -> k8s_deviceplugin.NamedConfigs:
+    named = k8s_deviceplugin.named_configs(k8s_deviceplugin.plugin_config(_dp_params(plugin_config=config)))
+    assert named is not None
+    return named
+
+
+@pytest.mark.parametrize(
+    ("config", "cluster_rules"),
+    [
+        (NAMED, [{**NODES_GET_PATCH, "verbs": ["get", "patch", "list", "watch"]}]),
+        (
+            {**NAMED, "labels": {"enabled": False}},
+            [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}],
+        ),
+        (  # a configuration a node may switch to shares GPU memory: the pod rules from the start
+            {"configs": {"default": "a", "named": {"a": {}, "m": {"sharing": {"mode": "memory"}}}}},
+            [{**NODES_GET_PATCH, "verbs": ["get", "patch", "list", "watch"]}, PODS],
+        ),
+    ],
+)
+def test_named_configurations_add_the_node_watch_and_event_rules(config: dict, cluster_rules: list) -> None:
+    params = _dp_params(plugin_config=config)
+    cfg = k8s_deviceplugin.plugin_config(params)
+    named = k8s_deviceplugin.named_configs(cfg)
+    assert k8s_deviceplugin.rbac_rules(k8s_deviceplugin.shape_of(cfg), named) == cluster_rules
+    wanted, unwanted = k8s_deviceplugin.build_objects(params, cfg)
+    roles = {(o["kind"], o["metadata"].get("namespace")): o for o in wanted}
+    # events only where the plugin posts them, and only create
+    assert roles[("Role", "default")]["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    ]
+    assert roles[("RoleBinding", "default")]["roleRef"]["kind"] == "Role"
+    assert unwanted == []
+
+
+def test_without_named_configurations_the_event_role_is_removed() -> None:
+    params = _dp_params(plugin_config={})
+    wanted, unwanted = k8s_deviceplugin.build_objects(params, k8s_deviceplugin.plugin_config(params))
+    assert [o["kind"] for o in unwanted] == ["Role", "RoleBinding"]
+    assert {o["kind"] for o in wanted}.isdisjoint({"Role", "RoleBinding"})
+
+
+def test_each_node_is_expected_to_serve_what_its_label_picks() -> None:
+    named = _named(NAMED)
+    assert named.label == "nvidia.com/device-plugin.config" and named.default == "training"
+    assert {n: (s.resource, s.per_gpu) for n, s in named.shapes.items()} == {
+        "training": ("nvidia.com/gpu", 1),
+        "sliced": ("nvidia.com/gpu", 4),
+        "renamed": ("nvidia.com/gpu.shared", 2),
+    }
+
+    def node(**labels: str) -> dict:
+        return {"metadata": {"labels": labels}}
+
+    label = "nvidia.com/device-plugin.config"
+    assert named.pick(node()) == ("training", None)
+    assert named.pick(node(**{label: "sliced"})) == ("sliced", None)
+    # an unknown name: the plugin keeps what it runs (published when labels are on), else the default
+    kept, warning = named.pick(node(**{label: "slicde", "gpufleet.io/device-plugin.config": "sliced"}))
+    assert kept == "sliced"
+    assert warning == (
+        f"label {label}=slicde names no configuration (known: renamed, sliced, training); "
+        "the plugin keeps 'sliced'"
+    )
+    assert named.pick(node(**{label: "slicde"}))[0] == "training"
+    assert k8s_deviceplugin.devices(8, named.shapes["sliced"]) == 32
+    assert (
+        k8s_deviceplugin.default_shape(k8s_deviceplugin.plugin_config(_dp_params(plugin_config=NAMED)))
+        == (named.shapes["training"])
+    )
+
+
+def test_named_configurations_and_node_configs_are_checked_before_anything_is_written() -> None:
+    with pytest.raises(
+        k8s_deviceplugin.ParameterError, match=r"configs\.default: expected one of a, b, got 'c'"
+    ):
+        _named({"configs": {"default": "c", "named": {"a": {}, "b": {}}}})
+    with pytest.raises(k8s_deviceplugin.ParameterError, match=r"replicas: .* \(in configs\.named\.b\)"):
+        _named({"configs": {"default": "a", "named": {"a": {}, "b": {"sharing": {
+            "mode": "time-slicing", "time_slicing": {"replicas": 0}}}}}})  # fmt: skip
+    named = _named(NAMED)
+    params = _dp_params(plugin_config=NAMED, node_configs={"n1": "sliced", "n2": None, "n3": ""})
+    assert k8s_deviceplugin.node_config_names(params, named) == {"n1": "sliced", "n2": None, "n3": None}
+    with pytest.raises(
+        k8s_deviceplugin.ParameterError,
+        match=r"node_configs\.n1: unknown device plugin configuration 'x'; known: renamed, sliced, training",
+    ):
+        k8s_deviceplugin.node_config_names(_dp_params(node_configs={"n1": "x"}), named)
+    with pytest.raises(k8s_deviceplugin.ParameterError, match=r"plugin_config has no named configurations"):
+        k8s_deviceplugin.node_config_names(_dp_params(node_configs={"n1": "x"}), None)
+
+
+OWNER = "gpufleet.io/device-plugin.config-label"
+LABEL = "nvidia.com/device-plugin.config"
+
+
+def _node(labels: dict, owner: str | None = None) -> dict:
+    return {"metadata": {"labels": labels, "annotations": {OWNER: owner} if owner else {}}}
+
+
+def test_config_label_is_set_recorded_and_removed_only_when_the_module_set_it() -> None:
+    patch = k8s_deviceplugin.config_label_patch
+    set_it = patch(_node({}), LABEL, "sliced")
+    assert set_it == {"metadata": {"labels": {LABEL: "sliced"}, "annotations": {OWNER: f"{LABEL}=sliced"}}}
+    assert patch(_node({LABEL: "sliced"}, f"{LABEL}=sliced"), LABEL, "sliced") == {}
+    # the inventory wins over a hand-set value; a hand-set label of the same value is adopted
+    assert patch(_node({LABEL: "training"}, f"{LABEL}=sliced"), LABEL, "sliced")["metadata"]["labels"] == {
+        LABEL: "sliced"
+    }
+    assert patch(_node({LABEL: "sliced"}), LABEL, "sliced") == {
+        "metadata": {"annotations": {OWNER: f"{LABEL}=sliced"}}
+    }
+    # unset: the module's own label goes; a hand-set one stays, and so does one changed by hand since
+    assert patch(_node({LABEL: "sliced"}, f"{LABEL}=sliced"), LABEL, None) == {
+        "metadata": {"labels": {LABEL: None}, "annotations": {OWNER: None}}
+    }
+    assert patch(_node({LABEL: "sliced"}), LABEL, None) == {}
+    assert patch(_node({LABEL: "training"}, f"{LABEL}=sliced"), LABEL, None) == {
+        "metadata": {"annotations": {OWNER: None}}
+    }
+    # the configuration label renamed: the old key the module set goes, the new one is set
+    moved = patch(_node({LABEL: "sliced"}, f"{LABEL}=sliced"), "example.com/config", "sliced")
+    assert moved["metadata"]["labels"] == {LABEL: None, "example.com/config": "sliced"}
 
 
 def test_extender_settings_pin_tls_paths_from_the_secret() -> None:
@@ -208,3 +346,44 @@ def test_forbidden_message_names_verb_resource_and_namespace() -> None:
         403, "Forbidden", b'{"message": "nope"}', ("patch", "daemonsets.apps", "ns", "x")
     )
     assert str(err) == "forbidden: patch daemonsets.apps in ns: nope"
+
+
+class _Nodes:
+    """A Kube stand-in that knows only Node objects."""
+
+    def __init__(self, *nodes: dict) -> None:
+        self.nodes = {n["metadata"]["name"]: n for n in nodes}
+
+    def get(self, res: k8s_client.Resource, name: str, namespace: str | None = None) -> dict | None:
+        assert res.kind == "Node"
+        return self.nodes.get(name)
+
+
+def test_named_wait_names_each_short_node_with_its_configuration() -> None:
+    def node(name: str, count: int, **labels: str) -> dict:
+        counts = {"nvidia.com/gpu": str(count)}
+        return {
+            "metadata": {"name": name, "labels": labels},
+            "status": {"capacity": counts, "allocatable": counts},
+        }
+
+    kube = _Nodes(node("a", 8), node("b", 2, **{LABEL: "sliced"}))
+    params = _dp_params(mode="systemd", plugin_config=NAMED)
+    named = _named(NAMED)
+    gpus = {"a": 8, "b": 2}
+
+    def target(name: str, live: dict | None) -> tuple[str, int | None]:
+        shape = named.shapes[named.pick(live)[0]]
+        return shape.resource, k8s_deviceplugin.devices(gpus[name], shape)
+
+    explain = k8s_deviceplugin.CapacityExplainer(kube, params, None, target)  # type: ignore[arg-type]
+    with pytest.raises(k8s_wait.WaitTimeout) as failed:
+        k8s_deviceplugin.wait_named_resources(kube, named, gpus, 0, explain)  # type: ignore[arg-type]
+    assert str(failed.value).startswith(
+        "1 of 2 node(s) do not report what their device plugin configuration serves after 0s: "
+        "b (configuration sliced): advertises 2 nvidia.com/gpu, expected 8"
+    ), failed.value
+    kube.nodes["b"] = node("b", 8, **{LABEL: "sliced"})
+    nodes, warnings = k8s_deviceplugin.wait_named_resources(kube, named, gpus, 0, explain)  # type: ignore[arg-type]
+    assert nodes["b"] == {"config": "sliced", "resource": "nvidia.com/gpu", "capacity": 8, "allocatable": 8}
+    assert warnings == []
