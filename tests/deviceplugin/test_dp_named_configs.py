@@ -237,3 +237,55 @@ def test_label_switches_the_running_plugin_and_an_unknown_name_keeps_it(
         assert kubelet.requests[-1].resource_name == "nvidia.com/gpu" and app.cfg.config_name == "training"
     assert hand.stopped
     assert sink.reasons().count(SWITCHED_REASON) == 3
+
+
+class LabelledAtStart(HandLabel):
+    """A node that already carries the label when the plugin starts (``value``), or whose label is never
+    read (``value`` is ``...``: the API does not answer)."""
+
+    def __init__(self, value: Any, *args: Any) -> None:
+        super().__init__(*args)
+        self.value = value
+
+    def start(self) -> None:
+        self.started = True
+        if self.value is not ...:
+            self.set(self.value)
+
+
+def test_a_node_labelled_before_start_registers_only_its_configuration(
+    tmp_path: Path, socket_dir: str, kubelet: FakeKubelet
+) -> None:
+    """The first registration waits for the label: the default's resource is never registered on a node
+    labelled for another configuration, so the kubelet never holds it in the node's capacity."""
+    sink = EventSink()
+    source = FakeSource(make_inventory(2))
+    watcher = lambda *args: LabelledAtStart("renamed", *args)  # noqa: E731 - the App's factory
+    with running_plugin(fleet(tmp_path, socket_dir), source, core_v1=sink, label_watcher=watcher) as running:
+        wait_for(lambda: len(kubelet.requests) == 1, "the first registration")
+        assert kubelet.requests[0].resource_name == "example.com/gpu"
+        assert running.app.cfg.config_name == "renamed"
+        event = wait_for(lambda: next((e for e in sink.events if e["reason"] == SWITCHED_REASON), None),
+                         "the configuration's event")  # fmt: skip
+        assert "'renamed' at start serves example.com/gpu" in event["message"]
+    assert [r.resource_name for r in kubelet.requests] == ["example.com/gpu"]
+
+
+def test_an_unread_label_serves_the_default_after_the_wait(
+    tmp_path: Path, socket_dir: str, kubelet: FakeKubelet
+) -> None:
+    hands: list[LabelledAtStart] = []
+
+    def watcher(*args: Any) -> LabelledAtStart:
+        hands.append(LabelledAtStart(..., *args))
+        return hands[-1]
+
+    cfg = fleet(tmp_path, socket_dir)
+    with running_plugin(cfg, FakeSource(make_inventory(2)), core_v1=EventSink(), label_watcher=watcher,
+                        label_wait_s=0.2) as running:  # fmt: skip
+        wait_for(lambda: len(kubelet.requests) == 1, "registration of the default")
+        assert kubelet.requests[0].resource_name == "nvidia.com/gpu"
+        assert running.app.cfg.config_name == "training"
+        hands[0].set("renamed")  # read late: followed as a live switch
+        wait_for(lambda: len(kubelet.requests) == 2, "the switch once the label is read")
+        assert kubelet.requests[1].resource_name == "example.com/gpu"

@@ -31,6 +31,9 @@ EXIT_CONFIG = 2
 EXIT_STARTUP = 1
 CONFIG_LABEL_NAME = "device-plugin.config"  # under labels.prefix: the named configuration running
 MIG_REFUSED_REASON = "DevicePluginMigLayoutInvalid"  # Event: a configuration's MIG strategy cannot serve
+FIRST_LABEL_WAIT_S = (
+    10.0  # at start, how long the first registration waits for the node's label (named configs)
+)
 
 
 class StartupError(Exception):
@@ -55,8 +58,10 @@ class App:
         core_v1: Any = None,
         metrics: Metrics | None = None,
         label_watcher: Callable[..., Any] = NodeLabelWatcher,
+        label_wait_s: float = FIRST_LABEL_WAIT_S,
     ) -> None:
         self.cfg = cfg
+        self.label_wait_s = label_wait_s
         self.label_watcher = label_watcher  # NodeLabelWatcher's signature; tests drive the label by hand
         self.metrics = metrics or Metrics()
         if source is None:
@@ -75,6 +80,7 @@ class App:
         self.supervisor: Supervisor | None = None
         self.ready = asyncio.Event()
         self._pending: configuration.Config | None = None  # the named configuration to switch to
+        self._label_read = asyncio.Event()  # the node's label was read once (named configurations)
         self.specs = cfg.resources()  # what the running configuration serves, MIG worked out at start
 
     def _api(self) -> Any:
@@ -115,6 +121,8 @@ class App:
                 log_event("http_listening", address=self.cfg.http_address, port=http.port)
             publisher = self._publisher()
             watcher = self._config_watcher(loop, switch)
+            if watcher is not None:
+                await self._first_label(switch, publisher)
             while not stop.is_set():
                 until = asyncio.Event()
                 supervisor = self._supervisor(self.cfg, wakeup)
@@ -205,9 +213,29 @@ class App:
         watcher.start()
         return watcher
 
+    async def _first_label(self, switch: asyncio.Event, publisher: NodePublisher | None) -> None:
+        """Before the first registration, the configuration the node's label names (waiting at most
+        ``label_wait_s``): registering the default first would leave its resource in the node's capacity
+        (allocatable 0) for the kubelet's grace period on a node labelled for another one. Unread in
+        time (API down): the default is served, and the label is followed once the watch reads it."""
+        try:
+            await asyncio.wait_for(self._label_read.wait(), self.label_wait_s)
+        except TimeoutError:
+            log_event(
+                "node_config_unread",
+                level="warning",
+                serving=self.cfg.config_name,
+                waited_s=self.label_wait_s,
+            )
+            return
+        if switch.is_set():
+            switch.clear()
+            self._apply_switch(publisher, starting=True)
+
     def _label_changed(self, value: str | None, switch: asyncio.Event) -> None:
         """On the event loop: the node's label now says ``value``. Another known configuration is queued
         for the switch; an unknown name is refused with an event on the node, and the running one stays."""
+        self._label_read.set()
         try:
             wanted = self.cfg.select(value)
         except configuration.ConfigError as exc:
@@ -223,8 +251,9 @@ class App:
             self._pending = wanted
             switch.set()
 
-    def _apply_switch(self, publisher: NodePublisher | None) -> None:
-        """Between two generations: make the pending configuration the running one."""
+    def _apply_switch(self, publisher: NodePublisher | None, starting: bool = False) -> None:
+        """Between two generations (or before the first, ``starting``): make the pending configuration the
+        running one."""
         new, self._pending = self._pending, None
         if new is None:
             return
@@ -237,11 +266,12 @@ class App:
         old, self.cfg, self.specs = self.cfg, new, specs
         resources = ", ".join(r.name for r in specs)
         self.rm.set_resources(specs)
-        self.metrics.inc("gpufleet_dp_config_switches_total")
-        log_event(
-            "node_config_applied", config=new.config_name, previous=old.config_name, resources=resources
-        )
-        message = f"configuration {new.config_name!r} (was {old.config_name!r}) serves {resources}"
+        previous = None if starting else old.config_name
+        if not starting:
+            self.metrics.inc("gpufleet_dp_config_switches_total")
+        log_event("node_config_applied", config=new.config_name, previous=previous, resources=resources)
+        was = "at start" if starting else f"(was {old.config_name!r})"
+        message = f"configuration {new.config_name!r} {was} serves {resources}"
         self._event(nodeconfig.SWITCHED_REASON, message, warning=False)
         if publisher is not None:
             publisher.poke()
