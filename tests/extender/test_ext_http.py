@@ -55,7 +55,7 @@ def test_read_only_endpoints(server) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_readyz_is_unavailable_until_synced(server, world) -> None:  # type: ignore[no-untyped-def]
-    world.state._synced.clear()
+    world.state.watch.listed.clear()
     status, body = request(connect(server), "GET", "/readyz")
     assert status == 503 and body["ready"] is False
 

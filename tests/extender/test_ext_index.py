@@ -197,6 +197,8 @@ def check_index(state: ClusterState) -> None:
     with state.lock:
         known = {name: e for name, e in state.entries().items() if e.info is not None}
         assert set(state.index) == set(known)
+        # The ledger decides on exactly the Nodes the watch cache holds.
+        assert {name: e.info for name, e in known.items()} == state.watch.nodes
         for name, entry in known.items():
             assert entry.info is not None
             shape = NodeShape(entry.info, state.signatures.id(entry.info.kinds))

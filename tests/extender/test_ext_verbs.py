@@ -163,7 +163,7 @@ def test_bind_unknown_pod_or_node_is_an_error_result(world) -> None:  # type: ig
 
 
 def test_unsynced_extender_refuses_to_decide(world) -> None:  # type: ignore[no-untyped-def]
-    world.state._synced.clear()
+    world.state.watch.listed.clear()
     assert "not synced" in world.api.filter(load_fixture("filter_nodenames.json"))["Error"]
     assert all(h["Score"] == 0 for h in world.api.prioritize(load_fixture("filter_nodenames.json")))
     assert "not synced" in world.api.bind(load_fixture("bind.json"))["Error"]

@@ -33,7 +33,8 @@ from gpufleet.extender.metrics import Metrics
 from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import Placement, evaluate
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
-from gpufleet.extender.state import ClusterState, pod_record
+from gpufleet.extender.state import ClusterState
+from gpufleet.extender.watchcache import pod_record
 from gpufleet.handoff import ASSIGNMENT_ANNOTATION, BIND_LOCK_ANNOTATION, Assignment, BindLock
 from gpufleet.logs import log_event
 

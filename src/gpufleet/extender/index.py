@@ -13,20 +13,23 @@ costs one dict lookup and a few comparisons per candidate node, whatever its con
   The view of all healthy GPUs and, on mixed nodes, the view of each kind are built with the facts; other
   subsets lazily, once per node version.
 
-Everything here mirrors `placement.evaluate` exactly (tests compare both over randomized histories);
-whatever it does not cover, callers hand to `evaluate`.
+The rules themselves (fit, card pick, utilisation) are `gpufleet.extender.rules`, which `placement.evaluate`
+calls too; this module keeps only what they read, ready per node. Whatever the index does not cover,
+callers hand to `evaluate`; tests check over randomized histories that the index is fresh and that both
+decide alike.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.extender.model import NodeInfo
-from gpufleet.extender.placement import gpu_busy, link, needs, node_utilization, shortfall
+from gpufleet.extender.placement import link, needs, shortfall
 from gpufleet.extender.request import GpuRequest
+from gpufleet.extender.rules import card_key, gpu_busy
 
 # Record codes: what kind of node it is.
 ERROR = 0  # its GPUs cannot be read (NodeInfo.gpu_error): unresolvable for any GPU request
@@ -62,6 +65,7 @@ class Record:
     cap: tuple[int, int, int] | None  # View.cap
     plain: bool  # shares memory, no whole-GPU pods, no bind-lock (live or not): only the GiB decide
 
+
 class View:
     """The GPUs of one node that qualify for some requests: their free/total GiB and pick orders."""
 
@@ -76,12 +80,11 @@ class View:
         index = shape.index
         self.free = tuple(sorted((free_p[p] for p in positions), reverse=True))
         self.total = tuple(sorted((shape.mem[p] for p in positions), reverse=True))
-        # Binpack takes the card with the least free GiB that fits (ties: lowest index), spread the one
-        # with the most (ties: lowest index). One flat tuple of k free GiB ascending, the k positions in
-        # that order and the k positions in spread order, so a pick touches one object:
-        # binpack: pick[k + bisect_left(pick, share, 0, k)], spread: pick[2 * k].
-        asc = sorted(positions, key=lambda p: (free_p[p], index[p]))
-        desc = sorted(positions, key=lambda p: (-free_p[p], index[p]))
+        # The GPU policy's orders (`rules.card_key`; the share, the same for every card, leaves them
+        # alone). One flat tuple of k free GiB ascending, the k positions in binpack order (the same) and
+        # the k positions in spread order, so a pick (`rules.policy_cards`) touches one object.
+        asc = sorted(positions, key=lambda p: card_key(free_p[p], index[p], True))
+        desc = sorted(positions, key=lambda p: card_key(free_p[p], index[p], False))
         self.pick = (*(free_p[p] for p in asc), *asc, *desc)
         caps = {shape.caps[p] for p in positions}
         # The capability every card of the view shares ("most capable" then orders as the policy does),
@@ -134,10 +137,10 @@ class NodeShape:
 class NodeFacts:
     """One node version with its ledger: free GiB and utilisation terms per healthy GPU, and views.
 
-    `nums` is (GiB used per healthy GPU..., GiB per healthy GPU...) and `sums` (placement.utilization's
-    term per healthy GPU..., what sum() has added up before each term...), flat so that the utilisation
-    after a placement touches two objects: sum(sums[p + 1 : n], sums[n + p] + x) is exactly the sum of
-    the terms with term p replaced by x.
+    `nums` is (GiB used per healthy GPU..., GiB per healthy GPU...) and `sums` (`rules.gpu_busy` per
+    healthy GPU..., what sum() has added up before each term...), flat so that the utilisation after a
+    placement touches two objects: sum(sums[p + 1 : n], sums[n + p] + x) is exactly the sum of the terms
+    with term p replaced by x.
     """
 
     __slots__ = (
@@ -186,24 +189,6 @@ class NodeFacts:
         if view is None:
             view = self.views[mask] = View(self.shape.positions(mask), self.free_p, self.shape)
         return view
-
-    def utilization(self, whole: int) -> float:
-        """placement.utilization for this ledger and `whole` GPUs held at unknown positions."""
-        return node_utilization(self.busy, whole, self.n)
-
-    def util_after(self, positions: Sequence[int], share: int) -> float:
-        """placement.utilization after `share` GiB more on each of `positions` (no whole GPUs held)."""
-        n, nums = self.n, self.nums
-        terms = list(self.sums[:n])
-        for p in positions:
-            terms[p] = gpu_busy(nums[p] + share, nums[n + p])
-        return node_utilization(sum(terms), 0, n)
-
-    def util_one(self, p: int, share: int) -> float:
-        """`util_after((p,), share)` from the prefix sums: the same terms, summed in the same order."""
-        n, nums, sums = self.n, self.nums, self.sums
-        busy = sum(sums[p + 1 : n], sums[n + p] + gpu_busy(nums[p] + share, nums[n + p]))
-        return node_utilization(busy, 0, n)
 
 
 class Signatures:

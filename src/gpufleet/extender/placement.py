@@ -2,7 +2,8 @@
 
 A node is seen through three facts: its published GPUs (`NodeInfo`), GiB in use per GPU uuid, and the
 number of whole GPUs held by pods whose devices the kubelet chose (their positions are unknown to us).
-Every function here is deterministic so filter, prioritize and bind agree given the same inputs.
+Every function here is deterministic so filter, prioritize and bind agree given the same inputs. The rules
+themselves (fit, card pick, utilisation) are `gpufleet.extender.rules`, which the fast path calls too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from gpufleet.extender.model import Gpu, NodeInfo
 from gpufleet.extender.request import ContainerRequest, GpuRequest, Policy
+from gpufleet.extender.rules import card_key, fits, gpu_busy, node_utilization
 from gpufleet.handoff import SHARING_LABEL, SHARING_MEMORY, ContainerAssignment
 
 # Pair weights for multi-GPU sets: NVLink is what the request is about; a shared NUMA node only breaks ties.
@@ -81,11 +83,11 @@ def choose_gpus(
     if len(candidates) < count:
         return None
 
+    binpack = policy is Policy.BINPACK
+
     def order(gpu: Gpu) -> tuple[int, ...]:
         free_after = gpu.memory_gib - used.get(gpu.uuid, 0) - share
-        fill = free_after if policy is Policy.BINPACK else -free_after
-        capability = tuple(-c for c in gpu.capability) if most_capable else ()
-        return (*capability, fill, gpu.index)
+        return card_key(free_after, gpu.index, binpack, gpu.capability if most_capable else None)
 
     if count == 1:
         return [min(candidates, key=order)], 1.0
@@ -119,22 +121,10 @@ def qualifying(info: NodeInfo, req: GpuRequest) -> Sequence[Gpu]:
     return [g for g in info.healthy if req.gpu_qualifies(g.tokens, g.cc)]
 
 
-def gpu_busy(used: int, memory: int) -> float:
-    """How busy one GPU is, in [0, 1]: the share of its memory in use (a GPU without memory counts as busy).
-    The one definition; gpufleet.extender.index keeps these per GPU for the fast path."""
-    return min(1.0, used / memory) if memory else 1.0
-
-
-def node_utilization(busy: float, whole_held: int, healthy: int) -> float:
-    """Share of a node's healthy GPU capacity in use, in [0, 1]: the GPUs' `gpu_busy` figures summed
-    (`busy`) plus the whole GPUs held, over the healthy GPUs; each GPU counts equally."""
-    return min(1.0, (busy + whole_held) / healthy) if healthy else 0.0
-
-
 def utilization(info: NodeInfo, used: Mapping[str, int], whole_held: int) -> float:
-    """`node_utilization` of the node with this ledger and `whole_held` GPUs held at unknown positions."""
+    """`rules.node_utilization` of the node with this ledger and `whole_held` GPUs held at unknown places."""
     healthy = info.healthy
-    busy = sum(gpu_busy(used.get(g.uuid, 0), g.memory_gib) for g in healthy)
+    busy = sum([gpu_busy(used.get(g.uuid, 0), g.memory_gib) for g in healthy])
     return node_utilization(busy, whole_held, len(healthy))
 
 
@@ -152,10 +142,12 @@ def _place_containers(
     capability = (0, 0, 0)
     for container in containers:
         share = container.share
-        candidates = [g for g in gpus if g.memory_gib - now_used.get(g.uuid, 0) >= share]
-        picked = choose_gpus(candidates, container.gpus, share, now_used, policy, most_capable)
-        if picked is None:
+        free = [g.memory_gib - now_used.get(g.uuid, 0) for g in gpus]
+        if not fits(sorted(free, reverse=True), share, container.gpus):
             return container
+        candidates = [g for g, room in zip(gpus, free, strict=True) if room >= share]
+        picked = choose_gpus(candidates, container.gpus, share, now_used, policy, most_capable)
+        assert picked is not None
         chosen, quality = picked
         for gpu in chosen:
             now_used[gpu.uuid] = now_used.get(gpu.uuid, 0) + share
@@ -180,6 +172,30 @@ def shortfall(share: int, count: int, most_free: int) -> str:
     )
 
 
+def too_few_gpus(healthy: int, wanted: int) -> str:
+    """The reason a node can never take `wanted` whole GPUs."""
+    return f"node has {healthy} healthy GPUs; the pod needs {wanted}"
+
+
+def whole_misfits(req: GpuRequest, misfits: int, healthy: int) -> str:
+    """The reason a node where `misfits` of the healthy GPUs miss the request's wishes cannot take whole GPUs.
+
+    The kubelet, not the extender, picks whole GPUs; only a node where every GPU qualifies guarantees the
+    pod the GPU it asked for.
+    """
+    if misfits == healthy:
+        return f"no healthy GPU with {req.describe_constraints()}"
+    return (
+        f"node mixes GPUs; {misfits} of its healthy GPUs lack "
+        f"{req.describe_constraints()} and the kubelet may pick any"
+    )
+
+
+def too_few_free(wanted: int, available: int) -> str:
+    """The reason a node has too few free GPUs for `wanted` whole ones now."""
+    return f"not enough free GPUs: needs {wanted}, {max(0, available)} free"
+
+
 def _mem_shortfall(
     gpus: Sequence[Gpu], used: Mapping[str, int], req: GpuRequest, container: ContainerRequest, static: bool
 ) -> str:
@@ -198,8 +214,8 @@ def _static_misfit(gpus: Sequence[Gpu], req: GpuRequest, policy: Policy) -> Cont
     """The container that could not fit even on the idle node (preemption cannot help), if any."""
     if len(req.mem) == 1:
         container = req.mem[0]
-        roomy = sum(1 for g in gpus if g.memory_gib >= container.share)
-        return container if roomy < container.gpus else None
+        total = sorted((g.memory_gib for g in gpus), reverse=True)
+        return None if fits(total, container.share, container.gpus) else container
     empty = _place_containers(gpus, req.mem, {}, req.most_capable, policy)
     return empty if isinstance(empty, ContainerRequest) else None
 
@@ -238,23 +254,15 @@ def _evaluate_whole(
         return _fail(SHARES_MEMORY, True)
     healthy = info.healthy
     if len(healthy) < req.whole:
-        return _fail(f"node has {len(healthy)} healthy GPUs; the pod needs {req.whole}", True)
+        return _fail(too_few_gpus(len(healthy), req.whole), True)
     if req.constrained:
         misfits = [g for g in healthy if not req.gpu_qualifies(g.tokens, g.cc)]
-        if len(misfits) == len(healthy):
-            return _fail(f"no healthy GPU with {req.describe_constraints()}", True)
         if misfits:
-            # The kubelet, not the extender, picks whole GPUs; only a node where every GPU qualifies
-            # guarantees the pod the GPU it asked for.
-            return _fail(
-                f"node mixes GPUs; {len(misfits)} of its healthy GPUs lack "
-                f"{req.describe_constraints()} and the kubelet may pick any",
-                True,
-            )
+            return _fail(whole_misfits(req, len(misfits), len(healthy)), True)
     free = [g for g in healthy if used.get(g.uuid, 0) == 0]
     available = len(free) - whole_held
     if available < req.whole:
-        return _fail(f"not enough free GPUs: needs {req.whole}, {max(0, available)} free")
+        return _fail(too_few_free(req.whole, available))
     # Which GPUs the kubelet takes is its choice (steered NVLink-first by the device plugin), so the
     # topology figure is the best set among GPUs that carry no shares; exact only when none are held.
     picked = choose_gpus(free, req.whole, 0, used, policy, False) if req.whole > 1 else (free[:1], 1.0)

@@ -10,25 +10,36 @@ verdicts reused per node version.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpufleet.extender.index import ALL, ERROR, SHARING, WHOLE, Record, RequestPlan
+from gpufleet.extender.ledger import NodeEntry
 from gpufleet.extender.model import NodeInfo, node_info
-from gpufleet.extender.placement import NOT_SHARING, SHARES_MEMORY, Verdict
+from gpufleet.extender.placement import (
+    NOT_SHARING,
+    SHARES_MEMORY,
+    Verdict,
+    too_few_free,
+    too_few_gpus,
+    whole_misfits,
+)
 from gpufleet.extender.request import GpuRequest, Policy
-from gpufleet.extender.state import ClusterState, NodeEntry
+from gpufleet.extender.rules import (
+    capability_rank,
+    composites,
+    fits,
+    gpu_busy,
+    node_utilization,
+    policy_cards,
+    wish,
+)
+from gpufleet.extender.state import ClusterState
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 
 UNKNOWN_NODE = "node unknown to the extender (not in its cache yet)"
-
-# Relative weights of the score terms; NVLink and capability wishes outrank packing when present.
-_W_POLICY = 1.0
-_W_TOPOLOGY = 2.0
-_W_CAPABILITY = 3.0
 
 
 @dataclass(slots=True)
@@ -216,18 +227,14 @@ def _filter_mem(
 ) -> list[str | Mapping[str, Any]]:
     """Decide a one-container GPU-memory request per node from the index; return what it leaves open.
 
-    Mirrors placement._evaluate_mem: static misfit (unresolvable), then a live lock that blocks, then
-    whole-GPU pods (both left to `evaluate` for their messages), then the fit against the ledger.
-    Records are gpufleet.extender.index.Record; nodes where only some GPUs meet
-    the request's wishes are decided from their view (`_filter_view`).
+    `placement._evaluate_mem`'s order: a static misfit is unresolvable; a live lock that blocks and
+    whole-GPU pods go to `evaluate` (for their messages); then the fit (`rules.fits`) against the ledger.
     """
     get = state.index.get
-    fits, failed, unresolvable = out.fits, out.failed, out.unresolvable
+    fitting, failed, unresolvable = out.fits, out.failed, out.unresolvable
     rest: list[str | Mapping[str, Any]] = []
-    uid = plan.req.uid
     share, last = plan.share, plan.count - 1
     short, static = plan.shortfall, plan.static_misfit
-    lock_blocks = state.lock_blocks
     unconstrained = not plan.constrained
     every = frozenset() if unconstrained else plan.all_qualify()
     sharing = SHARING
@@ -239,43 +246,26 @@ def _filter_mem(
             continue
         if r.plain and (unconstrained or r.sig in every):
             # The common case: a memory-sharing node without lock or whole-GPU pods, every GPU
-            # qualifying. The k-th most free GPU never has more than the k-th largest.
+            # qualifying, decided by `rules.fits` on the record's free and total GiB, unrolled here: a
+            # call per node would cost a third of the filter. The k-th most free GPU never has more than
+            # the k-th largest.
             if not last:
                 if r.most_free >= share:
-                    fits.append(name)
+                    fitting.append(name)
                 elif r.largest >= share:
                     failed[name] = short(r.most_free)
                 else:
                     unresolvable[name] = static(r.largest)
             elif r.n > last and r.free[last] >= share:
-                fits.append(name)
+                fitting.append(name)
             elif r.n > last and r.total[last] >= share:
                 failed[name] = short(r.most_free)
             else:
                 unresolvable[name] = static(r.largest)
-            continue
-        if r.code != sharing:
+        elif r.code != sharing:
             unresolvable[name] = r.facts.shape.error if r.code == ERROR else NOT_SHARING
-            continue
-        if not unconstrained and r.sig not in every:
+        else:
             _filter_view(state, plan, name, r, now, out, rest)
-            continue
-        if last:  # several GPUs: the k-th most free and k-th largest
-            if r.n <= last or r.total[last] < share:
-                unresolvable[name] = static(r.largest)
-                continue
-            kth_free = r.free[last]
-        elif r.largest < share:
-            unresolvable[name] = static(r.largest)
-            continue
-        else:
-            kth_free = r.most_free
-        if r.whole or (r.lock_expires > now and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)):
-            rest.append(name)  # evaluate says why (whole-GPU pods, node busy)
-        elif kth_free >= share:
-            fits.append(name)
-        else:
-            failed[name] = short(r.most_free)
     return rest
 
 
@@ -288,19 +278,20 @@ def _filter_view(
     out: FilterOutcome,
     rest: list[str | Mapping[str, Any]],
 ) -> None:
-    """`_filter_mem` for a node where only some of the GPUs (or none) meet the request's wishes."""
+    """`_filter_mem` for a memory-sharing node with a lock or whole-GPU pods, or where only some of the
+    GPUs (or none) meet the request's wishes: from the view of the GPUs that do."""
     mode = plan.mode(r.sig)
     free: tuple[int, ...] = ()
     total: tuple[int, ...] = ()
     if mode:
-        view = r.facts.view_for(mode)
+        view = r.facts.view if mode == ALL else r.facts.view_for(mode)
         free, total = view.free, view.total
-    share, last, uid = plan.share, plan.count - 1, plan.req.uid
-    if len(total) <= last or total[last] < share:
+    share, count, uid = plan.share, plan.count, plan.req.uid
+    if not fits(total, share, count):
         out.unresolvable[name] = plan.static_misfit(total[0] if total else -1)
     elif r.whole or (r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)):
-        rest.append(name)
-    elif free[last] >= share:
+        rest.append(name)  # evaluate says why (whole-GPU pods, node busy)
+    elif fits(free, share, count):
         out.fits.append(name)
     else:
         out.failed[name] = plan.shortfall(free[0])
@@ -330,28 +321,29 @@ def _filter_containers(
     cards = sum(c.gpus for c in req.mem)
     uid = req.uid
     own = own_node or ""
-    constrained = plan.constrained
-    fits = out.fits
+    every = plan.all_qualify() if plan.constrained else None
+    modes = plan.modes
+    fitting = out.fits
     rest: list[str | Mapping[str, Any]] = []
     for name in names:
         r = get(name)
         if r is None or name == own or r.code != SHARING or r.whole or r.n < cards:
             rest.append(name)
             continue
-        mode = plan.mode(r.sig) if constrained else ALL
-        if mode == ALL:
-            free = r.free
-        elif mode:
-            free = r.facts.view_for(mode).free
+        if every is None or r.sig in every:
+            free = r.free  # r.n >= cards of them
         else:
-            rest.append(name)
-            continue
-        if (
-            len(free) >= cards
-            and free[cards - 1] >= largest
-            and not (r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now))
+            known = modes.get(r.sig)
+            mode = plan.mode(r.sig) if known is None else known
+            free = r.facts.view_for(mode).free if mode else ()
+            if len(free) < cards:
+                rest.append(name)
+                continue
+        # `rules.fits(free, largest, cards)`, unrolled as in `_filter_mem`.
+        if free[cards - 1] >= largest and not (
+            r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)
         ):
-            fits.append(name)
+            fitting.append(name)
         else:
             rest.append(name)
     return rest
@@ -364,9 +356,10 @@ def _filter_whole(
     own_node: str | None,
     out: FilterOutcome,
 ) -> list[str | Mapping[str, Any]]:
-    """Decide a whole-GPU request per node from the index (mirrors placement._evaluate_whole)."""
+    """Decide a whole-GPU request per node from the index, in `placement._evaluate_whole`'s order and with its
+    reasons."""
     get = state.index.get
-    fits, failed, unresolvable = out.fits, out.failed, out.unresolvable
+    fitting, failed, unresolvable = out.fits, out.failed, out.unresolvable
     rest: list[str | Mapping[str, Any]] = []
     req = plan.req
     wanted = req.whole
@@ -383,30 +376,21 @@ def _filter_whole(
             continue
         healthy = r.n
         if healthy < wanted:
-            unresolvable[name] = f"node has {healthy} healthy GPUs; the pod needs {wanted}"
+            unresolvable[name] = too_few_gpus(healthy, wanted)
             continue
         if constrained:
             mode = plan.mode(r.sig)
             if mode != ALL:
                 misfits = healthy - (len(r.facts.view_for(mode).total) if mode else 0)
-                if misfits == healthy:
-                    reason = f"no healthy GPU with {req.describe_constraints()}"
-                else:
-                    reason = (
-                        f"node mixes GPUs; {misfits} of its healthy GPUs lack "
-                        f"{req.describe_constraints()} and the kubelet may pick any"
-                    )
-                unresolvable[name] = reason
+                unresolvable[name] = whole_misfits(req, misfits, healthy)
                 continue
         available = r.idle - r.whole
         if available >= wanted:
-            fits.append(name)
+            fitting.append(name)
         else:
             known_reason = messages.get(available)
             if known_reason is None:
-                known_reason = messages[available] = (
-                    f"not enough free GPUs: needs {wanted}, {max(0, available)} free"
-                )
+                known_reason = messages[available] = too_few_free(wanted, available)
             failed[name] = known_reason
     return rest
 
@@ -445,12 +429,14 @@ def filter_nodes(
             for name, outcome, error, _, _ in _judge(state, plan, rest, policy, now, own_node):
                 if outcome is None:
                     out.failed[name] = error
-                elif outcome[0] is not None:
+                    continue
+                placed, reason, unresolvable = outcome
+                if placed is not None:
                     out.fits.append(name)
-                elif outcome[2]:
-                    out.unresolvable[name] = outcome[1]
+                elif unresolvable:
+                    out.unresolvable[name] = reason
                 else:
-                    out.failed[name] = outcome[1]
+                    out.failed[name] = reason
             if not in_order and len(out.fits) > max(1, fast_fits):
                 out.fits = _in_order(out.fits, candidates)
     if not out.fits:
@@ -488,49 +474,20 @@ def _absurd(state: ClusterState, req: GpuRequest, candidates: Candidates) -> str
     return ""
 
 
-def _capability_rank(capabilities: Mapping[str, tuple[int, int, int]]) -> dict[str, float]:
-    """Each node's best offered capability as a rank in [0, 1] among the candidates."""
-    levels = sorted(set(capabilities.values()))
-    if len(levels) < 2:
-        return dict.fromkeys(capabilities, 1.0)
-    position = {level: i / (len(levels) - 1) for i, level in enumerate(levels)}
-    return {name: position[c] for name, c in capabilities.items()}
-
-
-def _composites(figures: dict[str, Any], binpack: bool, multi: bool, most: bool) -> dict[str, float]:
-    """Each fitting node's score before scaling, the one place the rule stands: the node policy's fill
-    (utilisation for binpack, its complement for spread), plus NVLink when the pod wants several GPUs and the
-    capability rank when it wants the most capable, weighted by _W_POLICY, _W_TOPOLOGY and _W_CAPABILITY.
-    One expression for every node (no call per node: prioritize sends thousands); a weight left out is 0.0,
-    which leaves each sum exactly as adding only the terms asked for would."""
-    ranks: dict[str, float] = {}
-    if most and len({f[2] for f in figures.values()}) > 1:
-        ranks = _capability_rank({n: f[2] for n, f in figures.items()})
-    rank = ranks.get  # one capability level: every rank is 1.0
-    wp = _W_POLICY
-    wt = _W_TOPOLOGY if multi else 0.0
-    wc = _W_CAPABILITY if most else 0.0
-    weight = wp + wt + wc
-    sign, base = (1.0, 0.0) if binpack else (-1.0, 1.0)
-    return {
-        n: (wp * (base + sign * u) + wt * t + wc * rank(n, 1.0)) / weight for n, (u, t, _) in figures.items()
-    }
-
-
 def _wish_not_better(figures: dict[str, Any], handing_off: set[str], multi: bool, most: bool) -> set[str]:
     """The nodes in a hand-off that a free fitting node matches on what the pod asked for (NVLink, most
     capable): only those are ranked last. Waiting up to `lock_wait` beats a worse card for the pod's life."""
     free = [n for n in figures if n not in handing_off]
     if not free:
         return handing_off
-    ranks = _capability_rank({n: f[2] for n, f in figures.items()}) if most else {}
+    ranks = capability_rank({n: cap for n, (_, _, cap) in figures.items()}) if most else {}
 
-    def wish(name: str) -> float:
-        topology = _W_TOPOLOGY * figures[name][1] if multi else 0.0
-        return topology + (_W_CAPABILITY * ranks[name] if most else 0.0)
+    def wished(name: str) -> float:
+        _, topology, _ = figures[name]
+        return wish(topology, ranks.get(name, 1.0), multi, most)
 
-    best_free = max(wish(n) for n in free)
-    return {n for n in handing_off if n not in figures or wish(n) <= best_free + 1e-9}
+    best_free = max(wished(n) for n in free)
+    return {n for n in handing_off if n not in figures or wished(n) <= best_free + 1e-9}
 
 
 # (utilization after placement, topology, capability) of a fitting node.
@@ -549,113 +506,27 @@ def _figures_mem(
 ) -> list[str]:
     """Where a one-container GPU-memory request would go on each node, from the index.
 
-    Mirrors placement._evaluate_mem and choose_gpus: one GPU is the first in policy order among those
-    with room (`View.pick`); several are the first ones when all the node's GPUs are NVLinked to each
-    other (every set is then perfect). Fills `figures` with the utilisation after placement (one GPU,
-    no "most capable": all the score needs) or `_Figures`. Returns the nodes only `evaluate` can place:
-    unknown, the pod's own node, multi-GPU sets on other topologies, "most capable" among cards of
-    different capability.
+    The policy alone picks the cards (`rules.policy_cards`) for one GPU, and for several when all the
+    node's GPUs are NVLinked to each other (every set is then perfect). Fills `figures` with the
+    utilisation (one GPU, no "most capable": all the score needs) or `_Figures`. Unlocked nodes where
+    every GPU qualifies keep their figure in the node's memo: it depends on the node version and the
+    request's size, count, policy and "most capable" alone, so a burst of similar pods computes it once
+    per node change. Returns the nodes only `evaluate` can place: unknown, the pod's own node, multi-GPU
+    sets on other topologies, "most capable" among cards of different capability.
     """
     get = state.index.get
     uid = plan.req.uid
     share, count = plan.share, plan.count
     last = count - 1
-    constrained = plan.constrained
-    modes = plan.modes
-    most = plan.req.most_capable
-    bare = count == 1 and not most
-    lock_blocks = state.lock_blocks
-    undecided: list[str] = []
-    names = _figures_one(state, plan, names, own_node, now, binpack, figures, undecided)
-    for name in names:
-        r = get(name)
-        if r is None or name == own_node:
-            undecided.append(name)
-            continue
-        if r.code != SHARING or r.whole:
-            continue  # unresolvable, or whole-GPU pods hold GPUs at unknown places: no placement
-        mode = ALL
-        if constrained:
-            known = modes.get(r.sig)
-            mode = plan.mode(r.sig) if known is None else known
-        # The k-th most free GPU never has more than the k-th largest: no static check needed.
-        if mode == ALL:
-            k = r.n
-            if not last:
-                if r.most_free < share:
-                    continue
-            elif k <= last or r.free[last] < share:
-                continue
-            pick = r.pick
-        else:
-            if not mode:
-                continue
-            view = r.facts.view_for(mode)
-            free = view.free
-            k = len(free)
-            if k <= last or free[last] < share:
-                continue
-            pick = view.pick
-        locked = r.lock_expires > now and r.lock_uid != uid
-        if locked and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now):
-            continue
-        if count == 1:
-            p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
-            util = r.facts.util_one(p, share)
-        elif r.meshed:  # meshed
-            if binpack:
-                first = k + bisect_left(pick, share, 0, k)
-                chosen = pick[first : first + count]
-            else:
-                chosen = pick[2 * k : 2 * k + count]
-            util = r.facts.util_after(chosen, share)
-        else:
-            undecided.append(name)
-            continue
-        if bare:
-            figures[name] = util
-        else:
-            capability = (r.facts.view if mode == ALL else r.facts.view_for(mode)).cap
-            if capability is None:
-                if most:  # cards of different capability: choose_gpus orders by it first
-                    undecided.append(name)
-                    continue
-                capability = max(_NO_CAPABILITY, *map(r.facts.shape.caps.__getitem__, chosen))
-            figures[name] = (util, 1.0, capability)
-        if locked:
-            handing_off.add(name)
-    return undecided
-
-
-def _figures_one(
-    state: ClusterState,
-    plan: RequestPlan,
-    names: Sequence[str],
-    own_node: str | None,
-    now: float,
-    binpack: bool,
-    figures: dict[str, Any],
-    undecided: list[str],
-) -> list[str]:
-    """`_figures_mem` on unlocked nodes where every GPU qualifies (and, for "most capable", all have
-    the same capability, so the policy alone orders them).
-
-    The case nearly every node of a prioritize call is, in as few steps as possible; returns the nodes
-    that need `_figures_mem`'s full treatment (locked, partly qualifying, not NVLinked throughout,
-    cards of different capability).
-    """
-    get = state.index.get
-    share, count = plan.share, plan.count
-    last = count - 1
     most = plan.req.most_capable
     bare = count == 1 and not most
     every = plan.all_qualify() if plan.constrained else None
-    sharing = SHARING
+    modes = plan.modes
+    lock_blocks = state.lock_blocks
     own = own_node or ""
-    # The figures depend on the node version and these alone (every GPU qualifies here, whatever the
-    # wish): kept in the node's memo, a burst of similar pods computes them once per node change.
+    sharing = SHARING
     key = state.shape_ids.id(("figures", share, count, binpack, most))
-    others: list[str] = []
+    undecided: list[str] = []
     for name in names:
         r = get(name)
         if r is None or name == own:
@@ -663,44 +534,71 @@ def _figures_one(
             continue
         if r.code != sharing or r.whole or r.most_free < share:
             continue  # no placement: not memory sharing, whole-GPU pods, no GPU with room
-        if r.lock_expires > now or (every is not None and r.sig not in every) or (most and r.cap is None):
-            others.append(name)
-            continue
-        memo = r.facts.memo
-        if memo is None:
-            memo = r.facts.memo = {}
+        memo = None
+        if every is None or r.sig in every:
+            mode = ALL
+            if r.lock_expires <= now and (not most or r.cap is not None):
+                # Every GPU qualifies, no lock: the figure depends on the node version and `key` alone.
+                memo = r.facts.memo
+                if memo is None:
+                    memo = r.facts.memo = {}
+                else:
+                    known = memo.get(key)
+                    if known is not None:
+                        figures[name] = known
+                        continue
         else:
-            known = memo.get(key)
-            if known is not None:
-                figures[name] = known
+            known_mode = modes.get(r.sig)
+            mode = plan.mode(r.sig) if known_mode is None else known_mode
+        # The k-th most free GPU never has more than the k-th largest: no static check needed.
+        if mode == ALL:
+            if last and (r.n <= last or r.free[last] < share):
                 continue
-        if not last:
-            k = r.n
-            pick = r.pick
-            p = pick[k + bisect_left(pick, share, 0, k)] if binpack else pick[2 * k]
-            util = r.facts.util_one(p, share)
-            figure: Any = util if bare else (util, 1.0, r.cap)
-        elif r.n <= last or r.free[last] < share:
-            continue
-        elif not r.meshed:
-            others.append(name)  # not NVLinked throughout: choose_gpus weighs the links
+            pick, k, cap = r.pick, r.n, r.cap
+        elif not mode:
             continue
         else:
-            k = r.n
-            pick = r.pick
-            if binpack:
-                first = k + bisect_left(pick, share, 0, k)
-                chosen = pick[first : first + count]
-            else:
-                chosen = pick[2 * k : 2 * k + count]
-            capability = r.cap  # the cards' common capability, if they have one
-            if capability is None:
-                capability = max(_NO_CAPABILITY, *map(r.facts.shape.caps.__getitem__, chosen))
-            figure = (r.facts.util_after(chosen, share), 1.0, capability)
-        if len(memo) >= _MEMO:
-            memo.clear()
-        memo[key] = figures[name] = figure
-    return others
+            view = r.facts.view_for(mode)
+            k = len(view.free)
+            if k <= last or view.free[last] < share:
+                continue
+            pick, cap = view.pick, view.cap
+        if (last and not r.meshed) or (most and cap is None):
+            undecided.append(name)  # choose_gpus weighs the links, or orders by capability first
+            continue
+        locked = False
+        if r.lock_expires > now:
+            locked = r.lock_uid != uid
+            if locked and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now):
+                continue
+        chosen = policy_cards(pick, k, share, count, binpack)
+        # The utilisation after placement: the node's `gpu_busy` terms with the chosen cards' replaced,
+        # summed in their order as `placement.utilization` sums them (from the prefix sums for one card).
+        facts = r.facts
+        n, nums, sums = facts.n, facts.nums, facts.sums
+        if not last:
+            (p,) = chosen
+            busy = sum(sums[p + 1 : n], sums[n + p] + gpu_busy(nums[p] + share, nums[n + p]))
+        else:
+            terms = sums[:n]
+            for p in chosen:
+                terms[p] = gpu_busy(nums[p] + share, nums[n + p])
+            busy = sum(terms)
+        util = node_utilization(busy, 0, n)
+        if bare:
+            figure: Any = util
+        else:
+            if cap is None:  # cards of different capability: placement reports the best it took
+                cap = max(_NO_CAPABILITY, *map(facts.shape.caps.__getitem__, chosen))
+            figure = (util, 1.0, cap)
+        figures[name] = figure
+        if memo is not None:
+            if len(memo) >= _MEMO:
+                memo.clear()
+            memo[key] = figure
+        if locked:
+            handing_off.add(name)
+    return undecided
 
 
 def _figures_whole(
@@ -712,7 +610,8 @@ def _figures_whole(
     figures: dict[str, Any],
     handing_off: set[str],
 ) -> list[str]:
-    """Where a whole-GPU request would go on each node, from the index (mirrors _evaluate_whole)."""
+    """Where a whole-GPU request would go on each node, from the index (`placement._evaluate_whole`'s
+    figures)."""
     get = state.index.get
     uid = plan.req.uid
     wanted = plan.req.whole
@@ -731,12 +630,11 @@ def _figures_whole(
         if wanted > 1 and not r.meshed:
             undecided.append(name)
             continue
-        facts = r.facts
-        util = facts.utilization(r.whole + wanted)
+        util = node_utilization(r.facts.busy, r.whole + wanted, r.n)
         if bare:
             figures[name] = util
         else:
-            capability = facts.idle_cap if facts.idle_cap is not None else _NO_CAPABILITY
+            capability = r.facts.idle_cap if r.facts.idle_cap is not None else _NO_CAPABILITY
             figures[name] = (util, 1.0, capability)
         if r.lock_expires > now and r.lock_uid != uid:
             handing_off.add(name)
@@ -775,10 +673,13 @@ def placement_figures(
             rest += names
         if rest:
             for name, outcome, _, lock_expires, lock_uid in _judge(state, plan, rest, gpolicy, now, own_node):
-                placed = outcome[0] if outcome is not None else None
+                if outcome is None:
+                    continue
+                placed, _, _ = outcome
                 if placed is None:
                     continue
-                figures[name] = placed[0] if bare else placed
+                utilization, _, _ = placed
+                figures[name] = utilization if bare else placed
                 if lock_expires > now and lock_uid != req.uid:
                     handing_off.add(name)
     return figures, handing_off
@@ -864,13 +765,7 @@ def score_table(
     most = req.most_capable
     bare = not multi and not most
     figures, handing_off = placement_figures(state, req, candidates, gpu_policy, now)
-    binpack_nodes = npolicy is Policy.BINPACK
-    composite: dict[str, float]
-    if bare:
-        # _composites without NVLink and capability terms: 1.0 * fill / 1.0.
-        composite = figures if binpack_nodes else {n: 1.0 - u for n, u in figures.items()}
-    else:
-        composite = _composites(figures, binpack_nodes, multi, most)
+    composite = composites(figures, npolicy is Policy.BINPACK, multi, most)
     if handing_off and not bare:
         handing_off = _wish_not_better(figures, handing_off, multi, most)
     if handing_off and len(handing_off) < len(composite):
