@@ -3,7 +3,10 @@
 """MIG layouts in mig-parted's config format: parse, validate against the GPUs, plan, apply through pynvml.
 
 Everything is validated (the file, the layout name, each wanted GPU's profiles and whether they fit)
-before any GPU is touched; `read_state` only reads, `apply_gpu` changes one GPU.
+before any GPU is touched. `load_layouts` reads and checks a config, `run_layout` plans and applies one
+layout. Two callers share this file unchanged: the module gpufleet.nvidia.gpu_mig_layout, and the boot
+applier the role gpufleet.nvidia.nvidia_mig installs beside a copy of it (so it imports nothing from
+Ansible).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections import Counter
+from collections.abc import Callable
 
 try:
     import yaml
@@ -486,3 +490,109 @@ def _placement_size(nv, h, profile_id: int, start: int) -> int:
     raise LayoutError(
         f"NVML offers no placement at memory slice {start} for GPU-instance profile {profile_id}"
     )
+
+
+# -- reading a config and applying a layout ------------------------------------------------------------
+
+
+def load_layouts(layout: str, config_file: str | None = None, config: object = None) -> dict:
+    """The checked layouts of a config (a file, or the parsed mapping); LayoutError unless `layout` is one
+    of them."""
+    if config_file:
+        try:
+            with open(config_file, encoding="utf-8") as f:
+                data = load_config_text(f.read(), config_file)
+        except OSError as exc:
+            raise LayoutError(f"cannot read {config_file}: {exc.strerror}") from None
+        source = config_file
+    else:
+        data, source = config, "config"
+    layouts = check_config(data, source)
+    if layout not in layouts:
+        raise LayoutError(f"{source} has no layout {layout!r} (it has {', '.join(sorted(layouts))})")
+    return layouts
+
+
+def _apply(mig: MigNvml, gpu: dict, want: dict, reset: Callable[[int], None]) -> tuple[list[str], bool]:
+    index, actions, was_reset = gpu["index"], [], False
+    if gpu["current"]:
+        gone = mig.destroy_all(index)
+        if gone:
+            actions.append(f"destroy {gone} GPU instance(s)")
+    if (gpu["current"], gpu["pending"]) != (want["enabled"], want["enabled"]):
+        mig.set_mode(index, want["enabled"])
+        actions.append("enable MIG" if want["enabled"] else "disable MIG")
+        if mig.mode(index)[0] != want["enabled"]:
+            reset(index)
+            was_reset = True
+            actions.append("reset GPU")
+            current = mig.mode(index)[0]
+            if current != want["enabled"]:
+                raise LayoutError(
+                    f"GPU {index}: MIG mode still {'on' if current else 'off'} after a GPU reset"
+                )
+    if want["enabled"] and want["placement"]:
+        mig.create(index, want["placement"])
+        actions.append(f"create {len(want['placement'])} GPU instance(s)")
+    return actions, was_reset
+
+
+def _planned_actions(gpu: dict, want: dict) -> list[str]:
+    actions = []
+    if gpu["current"] and gpu["instances"]:
+        actions.append(f"destroy {len(gpu['instances'])} GPU instance(s)")
+    if (gpu["current"], gpu["pending"]) != (want["enabled"], want["enabled"]):
+        actions.append("enable MIG" if want["enabled"] else "disable MIG")
+    if want["enabled"] and want["placement"]:
+        actions.append(f"create {len(want['placement'])} GPU instance(s)")
+    return actions
+
+
+def run_layout(
+    nv, layouts: dict, layout: str, result: dict, *, check_mode: bool, reset: Callable[[int], None]
+) -> None:
+    """Apply `layout` to the GPUs NVML (`nv`, initialized) shows; fills `result` as it goes: `changed`,
+    `gpus` (one entry per GPU the layout covers) and `diff`. In check mode nothing is changed. `reset(i)`
+    resets GPU i (nvidia-smi --gpu-reset -i i) and raises LayoutError when that fails. Raises LayoutError
+    (or the NVML error) with `result` holding what was done before."""
+    result.setdefault("changed", False)
+    result.setdefault("gpus", [])
+    mig = MigNvml(nv)
+    gpus = mig.gpus()
+    wanted = wanted_per_gpu(layouts[layout], layout, gpus)
+    plan = [(g, wanted[g["index"]]) for g in gpus if g["index"] in wanted]
+    refuse_busy(plan)
+    before: dict = {}
+    after: dict = {}
+    result["diff"] = {"before": before, "after": after}
+    for gpu, want in plan:
+        change = differs(gpu, want)
+        entry = {
+            "index": gpu["index"],
+            "uuid": gpu["uuid"],
+            "model": gpu["model"],
+            "changed": change,
+            "actions": [],
+            "reset": False,
+            "before": view(
+                gpu["current"] if gpu["mig_supported"] else None, gpu["instances"], gpu["pending"]
+            ),
+        }
+        wanted_view = view(
+            want["enabled"] if gpu["mig_supported"] else None, [p[0] for p in want["placement"]]
+        )
+        if change and check_mode:
+            entry["actions"] = _planned_actions(gpu, want)
+            entry["after"] = wanted_view
+        elif change:
+            result["changed"] = True  # from here on the GPU may have changed, even if applying fails
+            entry["actions"], entry["reset"] = _apply(mig, gpu, want, reset)
+            current, pending = mig.mode(gpu["index"])
+            instances = mig.gpus()[gpu["index"]]["instances"] if current else []
+            entry["after"] = view(current, instances, pending)
+        else:
+            entry["after"] = entry["before"]
+        result["changed"] = result["changed"] or change
+        result["gpus"].append(entry)
+        key = f"gpu{gpu['index']}"
+        before[key], after[key] = entry["before"], entry["after"]

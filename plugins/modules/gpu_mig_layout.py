@@ -21,7 +21,8 @@ description:
     C(nvidia-smi --gpu-reset -i N) where the mode change stays pending (Ampere), and creates one GPU
     instance per wanted MIG device with one compute instance spanning it.
   - Refuses, changing nothing, while processes run on a GPU that would change.
-  - Does not drain or cordon a Kubernetes node, and does not label it.
+  - Does not drain, cordon or label a Kubernetes node; M(gpufleet.nvidia.gpu_mig_node) does, and the role
+    C(gpufleet.nvidia.nvidia_mig) runs both and installs a boot unit that re-applies the layout.
   - GPU-facing behaviour has been tested against gpufleet's NVML simulator, not against real GPUs.
 author:
   - gpufleet contributors (@gpufleet)
@@ -128,13 +129,8 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_layout import (
     LayoutError,
-    MigNvml,
-    check_config,
-    differs,
-    load_config_text,
-    refuse_busy,
-    view,
-    wanted_per_gpu,
+    load_layouts,
+    run_layout,
 )
 
 try:
@@ -145,49 +141,6 @@ try:
 except ImportError:
     HAS_PYNVML = False
     PYNVML_IMPORT_ERROR = traceback.format_exc()
-
-
-def _reset(module: AnsibleModule, index: int) -> str:
-    smi = module.get_bin_path("nvidia-smi", required=True)
-    rc, out, err = module.run_command([smi, "--gpu-reset", "-i", str(index)])
-    if rc != 0:
-        raise LayoutError(f"GPU {index}: nvidia-smi --gpu-reset failed (rc {rc}): {(out + err).strip()}")
-    return out.strip()
-
-
-def _apply(module: AnsibleModule, mig: MigNvml, gpu: dict, want: dict) -> tuple[list[str], bool]:
-    index, actions, reset = gpu["index"], [], False
-    if gpu["current"]:
-        gone = mig.destroy_all(index)
-        if gone:
-            actions.append(f"destroy {gone} GPU instance(s)")
-    if (gpu["current"], gpu["pending"]) != (want["enabled"], want["enabled"]):
-        mig.set_mode(index, want["enabled"])
-        actions.append("enable MIG" if want["enabled"] else "disable MIG")
-        if mig.mode(index)[0] != want["enabled"]:
-            _reset(module, index)
-            reset = True
-            actions.append("reset GPU")
-            current = mig.mode(index)[0]
-            if current != want["enabled"]:
-                raise LayoutError(
-                    f"GPU {index}: MIG mode still {'on' if current else 'off'} after a GPU reset"
-                )
-    if want["enabled"] and want["placement"]:
-        mig.create(index, want["placement"])
-        actions.append(f"create {len(want['placement'])} GPU instance(s)")
-    return actions, reset
-
-
-def _planned_actions(gpu: dict, want: dict) -> list[str]:
-    actions = []
-    if gpu["current"] and gpu["instances"]:
-        actions.append(f"destroy {len(gpu['instances'])} GPU instance(s)")
-    if (gpu["current"], gpu["pending"]) != (want["enabled"], want["enabled"]):
-        actions.append("enable MIG" if want["enabled"] else "disable MIG")
-    if want["enabled"] and want["placement"]:
-        actions.append(f"create {len(want['placement'])} GPU instance(s)")
-    return actions
 
 
 def main() -> None:
@@ -208,23 +161,15 @@ def main() -> None:
             exception=PYNVML_IMPORT_ERROR,
         )
     try:
-        if params["config_file"]:
-            path = params["config_file"]
-            try:
-                with open(path, encoding="utf-8") as f:
-                    data = load_config_text(f.read(), path)
-            except OSError as exc:
-                raise LayoutError(f"cannot read {path}: {exc.strerror}") from None
-            source = path
-        else:
-            data, source = params["config"], "config"
-        layouts = check_config(data, source)
-        if params["layout"] not in layouts:
-            raise LayoutError(
-                f"{source} has no layout {params['layout']!r} (it has {', '.join(sorted(layouts))})"
-            )
+        layouts = load_layouts(params["layout"], params["config_file"], params["config"])
     except LayoutError as exc:
         module.fail_json(msg=str(exc))
+
+    def reset(index: int) -> None:
+        smi = module.get_bin_path("nvidia-smi", required=True)
+        rc, out, err = module.run_command([smi, "--gpu-reset", "-i", str(index)])
+        if rc != 0:
+            raise LayoutError(f"GPU {index}: nvidia-smi --gpu-reset failed (rc {rc}): {(out + err).strip()}")
 
     try:
         pynvml.nvmlInit()
@@ -232,51 +177,18 @@ def main() -> None:
         module.fail_json(msg=f"NVML init: {exc}")
     result: dict = {"changed": False, "gpus": []}
     try:
-        mig = MigNvml(pynvml)
-        gpus = mig.gpus()
-        wanted = wanted_per_gpu(layouts[params["layout"]], params["layout"], gpus)
-        plan = [(g, wanted[g["index"]]) for g in gpus if g["index"] in wanted]
-        refuse_busy(plan)
-        before, after = {}, {}
-        for gpu, want in plan:
-            change = differs(gpu, want)
-            entry = {
-                "index": gpu["index"],
-                "uuid": gpu["uuid"],
-                "model": gpu["model"],
-                "changed": change,
-                "actions": [],
-                "reset": False,
-                "before": view(
-                    gpu["current"] if gpu["mig_supported"] else None, gpu["instances"], gpu["pending"]
-                ),
-            }
-            wanted_view = view(
-                want["enabled"] if gpu["mig_supported"] else None, [p[0] for p in want["placement"]]
-            )
-            if change and module.check_mode:
-                entry["actions"] = _planned_actions(gpu, want)
-                entry["after"] = wanted_view
-            elif change:
-                entry["actions"], entry["reset"] = _apply(module, mig, gpu, want)
-                current, pending = mig.mode(gpu["index"])
-                instances = mig.gpus()[gpu["index"]]["instances"] if current else []
-                entry["after"] = view(current, instances, pending)
-            else:
-                entry["after"] = entry["before"]
-            result["changed"] = result["changed"] or change
-            result["gpus"].append(entry)
-            key = f"gpu{gpu['index']}"
-            before[key], after[key] = entry["before"], entry["after"]
-        if module._diff:
-            result["diff"] = {"before": before, "after": after}
+        run_layout(pynvml, layouts, params["layout"], result, check_mode=module.check_mode, reset=reset)
     except LayoutError as exc:
+        result.pop("diff", None)
         module.fail_json(msg=str(exc), **result)
     except pynvml.NVMLError as exc:
+        result.pop("diff", None)
         module.fail_json(msg=f"NVML: {exc}", exception=traceback.format_exc(), **result)
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
+    if not module._diff:
+        result.pop("diff", None)
     module.exit_json(**result)
 
 
