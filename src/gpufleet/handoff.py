@@ -41,6 +41,7 @@ LABEL_PREFIX = "gpufleet.io"
 SHARING_LABEL = f"{LABEL_PREFIX}/gpu-sharing"
 """Set by the operator: with value :data:`SHARING_MEMORY` the node shares GPU memory."""
 SHARING_MEMORY = "memory"
+SHARING_TIME_SLICING = "time-slicing"  # published by the plugin with named configurations
 MPS_LABEL = f"{LABEL_PREFIX}/mps"
 """Set by the operator: `true` when the node enforces GPU-memory limits with MPS."""
 PRODUCT_LABEL_NAME = "gpu.product"
@@ -149,7 +150,8 @@ class GpuEntry:
 
     JSON: `{"index": 0, "uuid": "GPU-…", "model": "NVIDIA A100-SXM4-80GB", "memory_gib": 80, "cc": "8.0",
     "numa": 0, "healthy": true, "nvlink": {"GPU-peer": 12}}`. `memory_gib` is whole GiB, the number of
-    `gpufleet.io/gpu-mem` devices the plugin advertises for the GPU.
+    `gpufleet.io/gpu-mem` devices the plugin advertises for the GPU. `"mig": true` (written only then) marks a
+    GPU in MIG mode: its MIG devices are the kubelet's (`nvidia.com/mig-*`), not a whole GPU or memory share.
     """
 
     index: int
@@ -160,6 +162,7 @@ class GpuEntry:
     numa: int | None
     healthy: bool
     nvlink: tuple[tuple[str, int], ...]  # (peer uuid, number of NVLinks joining the two), by peer
+    mig: bool = False  # MIG mode on
 
     def to_json_obj(self) -> dict[str, Any]:
         """The entry as the JSON object above, keys in that order."""
@@ -172,7 +175,7 @@ class GpuEntry:
             "numa": self.numa,
             "healthy": self.healthy,
             "nvlink": dict(sorted(self.nvlink)),
-        }
+        } | ({"mig": True} if self.mig else {})
 
     @classmethod
     def from_json_obj(cls, doc: Any, position: int) -> GpuEntry:
@@ -219,6 +222,7 @@ class GpuEntry:
             numa=numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
             healthy=doc.get("healthy", True) is True,
             nvlink=tuple(sorted((p, int(n)) for p, n in nvlink.items() if isinstance(n, int) and n > 0)),
+            mig=doc.get("mig", False) is True,
         )
 
 

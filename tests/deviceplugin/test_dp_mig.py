@@ -28,7 +28,7 @@ from dp_helpers import (
 
 from gpufleet.deviceplugin import config as configuration
 from gpufleet.deviceplugin.api import pb, pb_grpc
-from gpufleet.deviceplugin.labels import mig_labels, node_labels
+from gpufleet.deviceplugin.labels import gpus_annotation, mig_labels, node_labels
 from gpufleet.deviceplugin.rm.model import GIB, MIB, MigDeviceInfo
 
 FAST = ["--health-probe-interval", "0.1", "--nvml-retry-interval", "0.1"]
@@ -555,3 +555,11 @@ def test_labels_single_fallback_keeps_whole_gpu_labels() -> None:
     assert labels["gpufleet.io/gpu.count"] == "2"
     assert labels["gpufleet.io/gpu.memory"] == str(16 * GIB // MIB)
     assert mig_labels(inv, "none") == {}
+
+
+def test_the_gpus_annotation_marks_the_gpus_in_mig_mode() -> None:
+    """The extender reads it: a GPU in MIG mode takes neither whole-GPU nor GPU-memory pods."""
+    inv = make_inventory(2, 80)
+    inv = replace(inv, gpus=(replace(inv.gpus[0], mig_enabled=True), inv.gpus[1]))
+    entries = json.loads(gpus_annotation(inv, {}))
+    assert [e.get("mig", False) for e in entries] == [True, False]

@@ -256,6 +256,9 @@ class World:
                     healthy=rng.random() > 0.12,
                 )
             )
+        for g in gpus:
+            if rng.random() < 0.08:
+                g["mig"] = True  # MIG mode: the kubelet's, never placed on by the extender
         ids = [g["uuid"] for g in gpus]
         topology = rng.choice(["mesh", "mesh", "pairs", "none"])
         for i, g in enumerate(gpus):
@@ -268,6 +271,16 @@ class World:
             g["nvlink"] = {p: 12 for p in peers}
         self.serial += 1
         return gpus
+
+    def _mode(self, sharing: float) -> dict[str, Any]:
+        """The node's mode: memory sharing, whole GPUs, or devices the kubelet counts (time-slicing or
+        MIG strategy single, which the extender lets pass)."""
+        draw = self.rng.random()
+        if draw < 0.06:
+            return {"sharing": False, "labels": {"gpufleet.io/gpu-sharing": "time-slicing"}}
+        if draw < 0.09:
+            return {"sharing": False, "labels": {"nvidia.com/mig.strategy": "single"}}
+        return {"sharing": draw < sharing}
 
     def _lock(self) -> str | None:
         rng = self.rng
@@ -289,7 +302,7 @@ class World:
         name = f"n{len(self.nodes) + self.serial}"
         gpus = self._gpus(name)
         kind = self.rng.random()
-        obj = node(name, gpus if kind > 0.05 else None, sharing=self.rng.random() < 0.75, lock=self._lock())
+        obj = node(name, gpus if kind > 0.05 else None, lock=self._lock(), **self._mode(0.75))
         if 0.05 < kind < 0.08:
             obj["metadata"]["annotations"]["gpufleet.io/gpus"] = "[{not json"
         self.nodes[name] = self._bump(obj)
@@ -388,7 +401,7 @@ class World:
         if old is not None and rng.random() < 0.6:
             obj = copy.deepcopy(old)  # the same GPUs again
         else:
-            obj = node(name, self._gpus(name), sharing=rng.random() < 0.8, lock=self._lock())
+            obj = node(name, self._gpus(name), lock=self._lock(), **self._mode(0.8))
         self.nodes[name] = self._bump(obj)
         self.state.upsert_node(copy.deepcopy(obj))
 

@@ -99,6 +99,7 @@ def gpus_annotation(inv: NodeInventory, health: Mapping[str, GpuHealth]) -> str:
             numa=g.numa,
             healthy=health.get(g.uuid, GpuHealth()).healthy,
             nvlink=tuple(sorted(g.nvlinks.items())),
+            mig=g.mig_enabled,
         )
         for g in inv.gpus
     )

@@ -35,6 +35,7 @@ from gpufleet.extender.rules import card_key, gpu_busy
 ERROR = 0  # its GPUs cannot be read (NodeInfo.gpu_error): unresolvable for any GPU request
 SHARING = 1  # shares GPU memory (gpufleet.io/gpu-sharing=memory)
 WHOLE = 2  # offers whole GPUs only
+PASS = 3  # its nvidia.com/gpu devices are the kubelet's to count (NodeInfo.passthrough): not GPU memory
 
 Kind = tuple[frozenset[str], tuple[int, int]]
 
@@ -112,7 +113,9 @@ class NodeShape:
 
     def __init__(self, info: NodeInfo, sig: int) -> None:
         healthy = info.healthy
-        self.code = ERROR if info.gpu_error else SHARING if info.sharing else WHOLE
+        self.code = (
+            PASS if info.passthrough else ERROR if info.gpu_error else SHARING if info.sharing else WHOLE
+        )
         self.error = info.gpu_error or ""
         self.sig = sig
         self.kinds: tuple[Kind, ...] = info.kinds

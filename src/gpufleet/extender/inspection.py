@@ -54,8 +54,10 @@ def node(entry: NodeEntry, now: float) -> dict[str, Any]:
                 "memory_gib": gpu.memory_gib,
                 "cc": f"{gpu.cc[0]}.{gpu.cc[1]}",
                 "healthy": gpu.healthy,
+                # MIG mode: its MIG devices (nvidia.com/mig-*) are the kubelet's; nothing is placed here
+                "mig": gpu.mig,
                 "used_gib": used,
-                "free_gib": max(0, gpu.memory_gib - used) if gpu.healthy else 0,
+                "free_gib": max(0, gpu.memory_gib - used) if gpu.healthy and not gpu.mig else 0,
                 "pods": per_gpu.get(gpu.uuid, []),
             }
         )
@@ -63,6 +65,8 @@ def node(entry: NodeEntry, now: float) -> dict[str, Any]:
     return {
         "known": info is not None,
         "sharing": bool(info and info.sharing),
+        # why the kubelet alone counts the node's nvidia.com/gpu devices (time-slicing, MIG single), or null
+        "left_to_kubelet": (info.passthrough or None) if info else None,
         "mps": bool(info and info.mps),
         "error": info.gpu_error if info else "node not in the extender's cache",
         "bind_lock": (

@@ -159,6 +159,7 @@ class GpuLedger:
             and old.gpus is info.gpus
             and old.gpu_error == info.gpu_error
             and old.sharing == info.sharing
+            and old.passthrough == info.passthrough
         ):
             entry.info = info  # same GPUs (only the lock or other metadata changed): same shape
             return

@@ -21,6 +21,7 @@ from gpufleet.handoff import (
     PRODUCT_LABEL,
     SHARING_LABEL,
     SHARING_MEMORY,
+    SHARING_TIME_SLICING,
     BindLock,
     GpuEntry,
     parse_gpus,
@@ -39,6 +40,8 @@ GPU_POLICY_ANNOTATION = "gpufleet.io/gpu-policy"
 # precedence: the label the device plugin publishes (its value `mixed` asks for no model), the hand-set
 # label older docs recommended, and NVIDIA GPU feature discovery's.
 MODEL_LABELS = (PRODUCT_LABEL, "gpufleet.io/gpu-model", "nvidia.com/gpu.product")
+# The MIG strategy the node's device plugin serves: gpufleet's label and NVIDIA GPU feature discovery's.
+MIG_STRATEGY_LABELS = ("gpufleet.io/mig.strategy", "nvidia.com/mig.strategy")
 
 _TOKEN_SPLIT = re.compile(r"[^0-9a-z]+")
 
@@ -48,7 +51,7 @@ def model_tokens(text: str) -> frozenset[str]:
     return frozenset(t for t in _TOKEN_SPLIT.split(text.lower()) if t)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Gpu(GpuEntry):
     """A GPU of the node's `gpufleet.io/gpus` annotation plus what the extender derives from it once."""
 
@@ -68,6 +71,7 @@ class Gpu(GpuEntry):
             e.numa,
             e.healthy,
             e.nvlink,
+            e.mig,
             nvlink_peers=frozenset(peer for peer, _ in e.nvlink),
             tokens=model_tokens(e.model),
         )
@@ -94,6 +98,9 @@ class NodeInfo:
     gpus: tuple[Gpu, ...]
     gpu_error: str | None
     lock: BindLock | None
+    # Why the kubelet alone counts this node's nvidia.com/gpu devices ("" when they are whole GPUs the
+    # extender places): time-sliced replicas, or MIG devices under mig.strategy single.
+    passthrough: str = ""
     # The GPUs that can take work, computed once per node version (every decision starts here), and
     # their distinct (model tokens, compute capability): usually one, so constraints are checked once.
     healthy: tuple[Gpu, ...] = ()
@@ -108,6 +115,17 @@ class NodeInfo:
             if gpu.uuid == uuid:
                 return gpu
         return None
+
+
+def passthrough(labels: Mapping[str, Any]) -> str:
+    """Why the node's nvidia.com/gpu devices are not whole GPUs ("" when they are): the device plugin's
+    time-slicing (`gpufleet.io/gpu-sharing=time-slicing`), or MIG devices under strategy single (the
+    plugin's `gpufleet.io/mig.strategy` or NVIDIA's `nvidia.com/mig.strategy`)."""
+    if labels.get(SHARING_LABEL) == SHARING_TIME_SLICING:
+        return "time-sliced: nvidia.com/gpu devices are replicas the kubelet counts"
+    if any(labels.get(key) == "single" for key in MIG_STRATEGY_LABELS):
+        return "MIG strategy single: nvidia.com/gpu devices are MIG devices the kubelet counts"
+    return ""
 
 
 def node_info(obj: Mapping[str, Any], previous: NodeInfo | None = None) -> NodeInfo:
@@ -142,6 +160,7 @@ def node_info(obj: Mapping[str, Any], previous: NodeInfo | None = None) -> NodeI
     return NodeInfo(
         name=name,
         resource_version=str(meta.get("resourceVersion") or ""),
+        passthrough=passthrough(labels),
         sharing=labels.get(SHARING_LABEL) == SHARING_MEMORY,
         mps=str(labels.get(MPS_LABEL, "")).lower() == "true",
         gpus=gpus,
@@ -166,5 +185,6 @@ def _parse_node_gpus(
             gpus = node_gpus(raw)
         except ValueError as exc:
             gpu_error = f"annotation {GPUS_ANNOTATION} is malformed: {exc}"
-    healthy = tuple(g for g in gpus if g.healthy)
+    # A GPU in MIG mode is neither a whole GPU nor a memory share: its MIG devices are the kubelet's.
+    healthy = tuple(g for g in gpus if g.healthy and not g.mig)
     return gpus, gpu_error, healthy, tuple(dict.fromkeys((g.tokens, g.cc) for g in healthy))

@@ -247,9 +247,16 @@ def _evaluate_mem(
     return Verdict(Placement(tuple(containers), 0, utilization(info, now_used, 0), topology, capability))
 
 
+# A node whose nvidia.com/gpu devices the kubelet counts (time-slicing, MIG single): the extender lets it
+# pass and scores it as idle; it has no view of those devices' use and records no GPU for the pod.
+LEFT_TO_KUBELET = Placement((), 0, 0.0, 1.0, (0, 0, 0))
+
+
 def _evaluate_whole(
     info: NodeInfo, used: Mapping[str, int], whole_held: int, req: GpuRequest, policy: Policy
 ) -> Verdict:
+    if info.passthrough:
+        return Verdict(LEFT_TO_KUBELET)
     if info.sharing:
         return _fail(SHARES_MEMORY, True)
     healthy = info.healthy
@@ -284,7 +291,7 @@ def evaluate(
     """Decide one node for one request, and where on it the request would go."""
     if req.kind == "none":
         return Verdict(Placement((), 0, utilization(info, used, whole_held), 1.0, (0, 0, 0)))
-    if info.gpu_error:
+    if info.gpu_error and not info.passthrough:
         return _fail(info.gpu_error, True)
     if req.kind == "mem":
         return _evaluate_mem(info, used, whole_held, req, gpu_policy, now)

@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from gpufleet.extender.index import ALL, ERROR, SHARING, WHOLE, Record, RequestPlan
+from gpufleet.extender.index import ALL, ERROR, PASS, SHARING, WHOLE, Record, RequestPlan
 from gpufleet.extender.ledger import NodeEntry
 from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import (
+    LEFT_TO_KUBELET,
     NOT_SHARING,
     SHARES_MEMORY,
     Verdict,
@@ -372,7 +373,10 @@ def _filter_whole(
             continue
         code = r.code
         if code != WHOLE:
-            unresolvable[name] = r.facts.shape.error if code == ERROR else SHARES_MEMORY
+            if code == PASS:
+                fitting.append(name)  # the kubelet counts its devices
+            else:
+                unresolvable[name] = r.facts.shape.error if code == ERROR else SHARES_MEMORY
             continue
         healthy = r.n
         if healthy < wanted:
@@ -622,6 +626,12 @@ def _figures_whole(
         r = get(name)
         if r is None or name == own_node:
             undecided.append(name)
+            continue
+        if r.code == PASS:
+            left = LEFT_TO_KUBELET
+            figures[name] = left.utilization if bare else (left.utilization, left.topology, left.capability)
+            if r.lock_expires > now and r.lock_uid != uid:
+                handing_off.add(name)
             continue
         if r.code != WHOLE or r.n < wanted or r.idle - r.whole < wanted:
             continue
