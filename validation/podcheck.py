@@ -27,6 +27,15 @@ SCRIPT = (
     'echo "== gpus"; {smi} -L; echo "== rc $?"; echo "== devices"; ls /dev | grep -E "^nvidia[0-9]+$"; '
     'echo "== topo"; if [ "{topo}" = 1 ]; then {smi} topo -m; fi; echo "== end"'
 )
+# Pods held together (run_gpu_pods_at_once) wait for this annotation, which the kubelet writes into their
+# downward-API volume when the API object changes.
+RELEASE = {"gpufleet.io/validation-release": "now"}
+PODINFO = "/etc/gpufleet-podinfo"
+HOLD = (
+    "i=0; until grep -q 'gpufleet.io/validation-release=\"now\"' " + PODINFO + "/annotations 2>/dev/null; "
+    'do [ "$i" -ge {seconds} ] && {{ echo "== not released"; exit 3; }}; i=$((i+1)); sleep 1; done'
+)
+HOLD_SLACK = 60.0  # after the release: the kubelet's volume refresh, then the pod's exit
 GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)")
 
 
@@ -117,10 +126,50 @@ class Cluster:
         topology: bool = False,
     ) -> PodRun:
         """Run a GPU pod to completion (or timeout) and return what it saw."""
+        name = self._create_gpu_pod(purpose, limits, node=node, annotations=annotations, topology=topology)
+        return self._wait(name, self._timeout)
+
+    def run_gpu_pods_at_once(
+        self, purpose: str, count: int, limits: dict[str, str], *, node: str
+    ) -> list[PodRun]:
+        """Run ``count`` GPU pods that hold their devices until every one of them is running, then return
+        what each saw. Each pod waits for the annotation :data:`RELEASE` in its downward-API volume, set
+        only once all ``count`` were seen Running together, so they held their devices at the same time.
+        A pod never released (others did not start) gives up after the workload timeout; its run fails."""
+        names = [self._create_gpu_pod(f"{purpose}{n}", limits, node=node, hold=True) for n in range(count)]
+        deadline = time.monotonic() + self._timeout
+
+        def running() -> list[str]:
+            pods = [self.plain(self.core.read_namespaced_pod(n, self.namespace)) for n in names]
+            return [p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase") == "Running"]
+
+        while len(running()) < count and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for name in names:
+            with contextlib.suppress(ApiException):
+                self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {"annotations": RELEASE}})
+        return [self._wait(name, max(deadline - time.monotonic(), 0) + HOLD_SLACK) for name in names]
+
+    @property
+    def _timeout(self) -> float:
+        return float(self.workload.get("timeout", 120))
+
+    def _create_gpu_pod(
+        self,
+        purpose: str,
+        limits: dict[str, str],
+        *,
+        node: str | None = None,
+        annotations: dict[str, str] | None = None,
+        topology: bool = False,
+        hold: bool = False,
+    ) -> str:
         self._ensure_namespace()
         name = f"gpufleet-validate-{purpose}-{secrets.token_hex(3)}"[:63]
         smi = str(self.workload.get("nvidia_smi", "nvidia-smi"))
         script = SCRIPT.format(smi=smi, topo=int(topology))
+        if hold:
+            script += "; " + HOLD.format(seconds=int(self._timeout))
         if self._output == "termination_message":
             script = f"( {script} ) >/dev/termination-log 2>&1; cat /dev/termination-log"
         container: dict[str, Any] = {
@@ -132,17 +181,31 @@ class Cluster:
             "env": [{"name": str(k), "value": str(v)} for k, v in (self.workload.get("env") or {}).items()],
         }
         volumes = self.workload.get("volumes") or []
-        if volumes:
-            container["volumeMounts"] = [
-                {"name": v["name"], "mountPath": v.get("mount_path") or v["host_path"], "readOnly": True}
-                for v in volumes
-            ]
+        mounts = [
+            {"name": v["name"], "mountPath": v.get("mount_path") or v["host_path"], "readOnly": True}
+            for v in volumes
+        ]
+        pod_volumes: list[dict[str, Any]] = [
+            {"name": v["name"], "hostPath": {"path": v["host_path"]}} for v in volumes
+        ]
+        if hold:
+            mounts.append({"name": "gpufleet-podinfo", "mountPath": PODINFO, "readOnly": True})
+            pod_volumes.append(
+                {
+                    "name": "gpufleet-podinfo",
+                    "downwardAPI": {
+                        "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+                    },
+                }
+            )
+        if mounts:
+            container["volumeMounts"] = mounts
         spec: dict[str, Any] = {
             "restartPolicy": "Never",
             "containers": [container],
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
-            "volumes": [{"name": v["name"], "hostPath": {"path": v["host_path"]}} for v in volumes],
+            "volumes": pod_volumes,
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         }
         if node:
@@ -152,7 +215,7 @@ class Cluster:
         body = {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
         self.core.create_namespaced_pod(self.namespace, body)  # type: ignore[arg-type]
         self._pods.append(name)
-        return self._wait(name, float(self.workload.get("timeout", 120)))
+        return name
 
     def _wait(self, name: str, timeout: float) -> PodRun:
         deadline = time.monotonic() + timeout

@@ -1,8 +1,9 @@
 """Cluster suite: each GPU host's Kubernetes node advertises its GPUs.
 
 Per host with a ``node_name`` (default: the host's name): the node exists and is Ready; capacity and
-allocatable of the GPU resource equal the GPU count (``nvidia.com/gpu``; with ``sharing: memory`` the
-node advertises ``gpufleet.io/gpu-mem`` instead, checked for being present and whole); the device plugin's
+allocatable of the GPU resource equal the GPU count (``nvidia.com/gpu``, or the host's ``resource``; with
+``sharing: time-slicing``, times its ``replicas``; with ``sharing: memory`` the node advertises
+``gpufleet.io/gpu-mem`` instead, checked for being present and whole); the device plugin's
 GPU labels and the ``gpufleet.io/gpus`` annotation are there and agree with the count and model.
 """
 
@@ -26,7 +27,16 @@ def _node(target: Target, cluster: Cluster) -> dict[str, Any]:
 
 
 def _resource(target: Target, cluster: Cluster) -> str:
-    return cluster.memory_resource if target.want("sharing") == "memory" else cluster.resource
+    """What the node advertises its GPUs as: GPU memory, or the host's (renamed) GPU resource."""
+    if target.want("sharing") == "memory":
+        return cluster.memory_resource
+    return str(target.want("resource") or cluster.resource)
+
+
+def _devices(target: Target) -> int | None:
+    """Devices the node should advertise: GPUs x time-slicing replicas (1 when not time-sliced)."""
+    want = target.want("gpu_count")
+    return None if want is None else int(want) * int(target.want("replicas") or 1)
 
 
 def _count(node: dict[str, Any], section: str, resource: str) -> int | None:
@@ -50,9 +60,9 @@ def test_gpu_capacity(target: Target, cluster: Cluster) -> None:
         f"{target.name}: node {name} has no {resource} in its capacity: "
         "the device plugin never registered there"
     )
-    want = target.want("gpu_count")
-    if resource == cluster.resource and want is not None:
-        assert capacity == int(want), (
+    want = _devices(target)
+    if target.want("sharing") != "memory" and want is not None:
+        assert capacity == want, (
             f"{target.name}: node {name} has capacity {resource}={capacity}, expected {want}"
         )
     else:
@@ -63,7 +73,7 @@ def test_gpu_allocatable(target: Target, cluster: Cluster) -> None:
     node, resource = _node(target, cluster), _resource(target, cluster)
     name = node["metadata"]["name"]
     capacity, allocatable = _count(node, "capacity", resource), _count(node, "allocatable", resource)
-    want = target.want("gpu_count") if resource == cluster.resource else capacity
+    want = _devices(target) if target.want("sharing") != "memory" else capacity
     assert allocatable is not None and capacity, f"{target.name}: node {name} advertises no {resource}"
     assert allocatable == int(want if want is not None else capacity), (
         f"{target.name}: node {name} has allocatable {resource}={allocatable}, expected {want} "

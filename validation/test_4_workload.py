@@ -3,14 +3,16 @@
 - On every whole-GPU host: a pod with ``nvidia.com/gpu: 1`` lists exactly one GPU with nvidia-smi and has
   exactly one ``/dev/nvidia<N>`` (isolation, as in the T4 example of the seeds).
 - On hosts expected to have NVLink (``nvlink: true``): a pod with 2 GPUs gets two GPUs joined by NVLink.
-- When some host shares GPU memory (``sharing: memory``): a pod asking for ``gpufleet.io/gpu-mem`` lands on
-  the node the scheduler extender recorded in its ``gpufleet.io/assignment`` and sees that GPU, only.
+- On hosts that share GPU memory (``sharing: memory``): a pod asking for ``gpufleet.io/gpu-mem`` there lands
+  on the node the scheduler extender recorded in its ``gpufleet.io/assignment`` and sees that GPU, only.
+- On time-sliced hosts (``sharing: time-slicing``): one pod more than the host has GPUs, each asking for one
+  device and all running at once, each see exactly one GPU, so two of them share one.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections import Counter
 
 import pytest
 from hostcheck import Target
@@ -30,24 +32,35 @@ def _ran(target_name: str, run: PodRun, what: str) -> None:
     )
 
 
-def test_one_gpu_pod_sees_exactly_one_gpu(target: Target, cluster: Cluster) -> None:
-    if target.want("sharing") == "memory":
-        pytest.skip("GPU-memory sharing node: whole GPUs are not advertised here")
-    run = cluster.run_gpu_pod("one", {cluster.resource: "1"}, node=_node_name(target))
-    _ran(target.name, run, f"a {cluster.resource}: 1")
+def _resource(target: Target, cluster: Cluster) -> str:
+    return str(target.want("resource") or cluster.resource)
+
+
+def _exactly_one_gpu(target: Target, run: PodRun, resource: str) -> None:
     assert len(run.gpus) == 1, (
-        f"{target.name}: a pod with {cluster.resource}: 1 on node {run.node} sees {len(run.gpus)} GPUs "
+        f"{target.name}: a pod with {resource}: 1 on node {run.node} sees {len(run.gpus)} GPUs "
         f"({', '.join(u for _, _, u in run.gpus) or 'none'}), expected exactly one"
     )
     assert len(run.devices) == 1, (
-        f"{target.name}: a pod with {cluster.resource}: 1 has device nodes {run.devices or 'none'}, "
+        f"{target.name}: a pod with {resource}: 1 has device nodes {run.devices or 'none'}, "
         "expected one /dev/nvidia<N>"
     )
+
+
+def test_one_gpu_pod_sees_exactly_one_gpu(target: Target, cluster: Cluster) -> None:
+    if target.want("sharing") == "memory":
+        pytest.skip("GPU-memory sharing node: whole GPUs are not advertised here")
+    resource = _resource(target, cluster)
+    run = cluster.run_gpu_pod("one", {resource: "1"}, node=_node_name(target))
+    _ran(target.name, run, f"a {resource}: 1")
+    _exactly_one_gpu(target, run, resource)
 
 
 def test_two_gpu_pod_gets_an_nvlink_pair(target: Target, cluster: Cluster) -> None:
     if not target.want("nvlink"):
         pytest.skip("no NVLink expected on this host")
+    if target.want("sharing") in ("memory", "time-slicing"):
+        pytest.skip(f"{target.want('sharing')} node: two devices need not be two GPUs")
     run = cluster.run_gpu_pod("pair", {cluster.resource: "2"}, node=_node_name(target), topology=True)
     _ran(target.name, run, f"a {cluster.resource}: 2")
     assert len(run.gpus) == 2, f"{target.name}: a pod with 2 GPUs sees {len(run.gpus)}"
@@ -59,18 +72,33 @@ def test_two_gpu_pod_gets_an_nvlink_pair(target: Target, cluster: Cluster) -> No
     )
 
 
-def _memory_hosts(expectations: dict[str, Any]) -> list[str]:
-    return [n for n, exp in expectations["hosts"].items() if exp.get("sharing") == "memory"]
+def test_time_sliced_gpu_is_shared_by_pods_running_at_once(target: Target, cluster: Cluster) -> None:
+    if target.want("sharing") != "time-slicing":
+        pytest.skip("not a time-sliced node")
+    gpus, replicas = int(target.want("gpu_count") or 0), int(target.want("replicas") or 1)
+    assert gpus > 0 and replicas > 1, (
+        f"{target.name}: a time-sliced host needs gpu_count and replicas > 1 in its expectations "
+        f"(got gpu_count={target.want('gpu_count')}, replicas={target.want('replicas')})"
+    )
+    resource = _resource(target, cluster)
+    runs = cluster.run_gpu_pods_at_once("slice", gpus + 1, {resource: "1"}, node=_node_name(target))
+    for run in runs:
+        _ran(target.name, run, f"a time-sliced {resource}: 1")
+        _exactly_one_gpu(target, run, resource)
+    holders = Counter(run.gpus[0][2] for run in runs)
+    shared = [uuid for uuid, pods in holders.items() if pods > 1]
+    assert shared, (
+        f"{target.name}: {len(runs)} pods ran at once on {gpus} GPUs and no GPU was seen by two of them: "
+        f"{dict(holders)}"
+    )
 
 
-def test_gpu_memory_pod_lands_where_the_extender_put_it(
-    cluster: Cluster, expectations: dict[str, Any]
-) -> None:
-    if not _memory_hosts(expectations):
-        pytest.skip("no host shares GPU memory")
+def test_gpu_memory_pod_lands_where_the_extender_put_it(target: Target, cluster: Cluster) -> None:
+    if target.want("sharing") != "memory":
+        pytest.skip("not a GPU-memory sharing node")
     gib = str(cluster.workload.get("gpu_mem_gib", 1))
-    run = cluster.run_gpu_pod("mem", {cluster.memory_resource: gib})
-    _ran("(cluster)", run, f"a {cluster.memory_resource}: {gib}")
+    run = cluster.run_gpu_pod("mem", {cluster.memory_resource: gib}, node=_node_name(target))
+    _ran(target.name, run, f"a {cluster.memory_resource}: {gib}")
     text = (run.pod["metadata"].get("annotations") or {}).get("gpufleet.io/assignment")
     assert text, f"pod {run.name} on {run.node} has no gpufleet.io/assignment: the extender did not bind it"
     assignment = json.loads(text)

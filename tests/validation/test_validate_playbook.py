@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet_harness.sim import build as simbuild
 from gpufleet_harness.sim import control as simcontrol
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOSTS = "sim-dgx-a100:sim-pcie-2x-t4"
 
 
-def _playbook(base: Path, report: Path) -> subprocess.CompletedProcess[str]:
+def _playbook(base: Path, report: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     from labstack import ensure_collection_link
 
     ensure_collection_link()
@@ -40,6 +41,7 @@ def _playbook(base: Path, report: Path) -> subprocess.CompletedProcess[str]:
         "gpufleet_validation_suites=host",
         "-e",
         "gpufleet_driver_version=535.261.03",
+        *extra,
     ]
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
 
@@ -62,6 +64,13 @@ def test_validate_playbook_passes_then_fails_naming_the_stopped_fabric_manager(
     doc = json.loads((report / "report.json").read_text())
     assert doc["hosts"] == {"sim-dgx-a100": {"host": "PASS 8/8"}, "sim-pcie-2x-t4": {"host": "PASS 7/7"}}
     assert "validation passed" in good.stdout
+    # no device plugin configuration in the inventory: whole GPUs as nvidia.com/gpu
+    expected = yaml.safe_load((report / "expectations.yml").read_text())["hosts"]["sim-pcie-2x-t4"]
+    assert (expected["sharing"], str(expected["replicas"]), expected["resource"]) == (
+        "none",
+        "1",
+        "nvidia.com/gpu",
+    )
 
     simcontrol.inject(sim_base / "dgx-a100", ["fabricmanager", "stopped"])
     bad = _playbook(sim_base, report)
@@ -73,3 +82,34 @@ def test_validate_playbook_passes_then_fails_naming_the_stopped_fabric_manager(
         doc["hosts"]["sim-dgx-a100"]["host"] == "FAIL 7/8"
         and doc["hosts"]["sim-pcie-2x-t4"]["host"] == "PASS 7/7"
     )
+
+
+NAMED = {
+    "configs": {
+        "default": "whole",
+        "named": {
+            "whole": {},
+            "sliced": {
+                "sharing": {"mode": "time-slicing", "time_slicing": {"replicas": 4, "rename": "x.io/gpu"}}
+            },
+        },
+    }
+}
+
+
+def test_expectations_follow_the_device_plugin_configuration_the_host_picks(
+    sim_base: Path, tmp_path: Path
+) -> None:
+    """The host's named configuration (gpufleet_device_plugin_config_name) is what validation expects: its
+    sharing mode, time-slicing replicas and resource name. Only the expectations are read (no suite runs
+    that needs a host: the cluster suite without a cluster section skips)."""
+    report = tmp_path / "report"
+    run = _playbook(
+        sim_base, report, "-e", json.dumps({"gpufleet_kubernetes_device_plugin_config": NAMED,
+                                            "gpufleet_device_plugin_config_name": "sliced",
+                                            "gpufleet_validation_suites": "cluster"}),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    hosts = yaml.safe_load((report / "expectations.yml").read_text())["hosts"]
+    found = {name: (h["sharing"], str(h["replicas"]), h["resource"]) for name, h in hosts.items()}
+    assert found == dict.fromkeys(["sim-dgx-a100", "sim-pcie-2x-t4"], ("time-slicing", "4", "x.io/gpu"))

@@ -132,9 +132,10 @@ def test_cluster_and_workload_suites_pass_on_the_lab(
     assert outcomes[("gpu-b", "gpu_capacity")] == "passed"
     assert outcomes[("gpu-a", "one_gpu_pod_sees_exactly_one_gpu")] == "passed"
     assert outcomes[("gpu-a", "two_gpu_pod_gets_an_nvlink_pair")] == "passed"
-    assert outcomes[("(cluster)", "gpu_memory_pod_lands_where_the_extender_put_it")] == "passed"
+    assert outcomes[("gpu-b", "gpu_memory_pod_lands_where_the_extender_put_it")] == "passed"
     assert run.report["hosts"]["gpu-a"] == {"cluster": "PASS 4/4", "workload": "PASS 2/2"}
-    assert run.report["hosts"]["gpu-b"] == {"cluster": "PASS 4/4", "workload": "SKIP"}
+    # every host has a workload check that applies to it: no SKIP row
+    assert run.report["hosts"]["gpu-b"] == {"cluster": "PASS 4/4", "workload": "PASS 1/1"}
 
 
 def test_plugin_killed_fails_the_cluster_suite_naming_the_node(
@@ -161,3 +162,38 @@ def test_plugin_killed_fails_the_cluster_suite_naming_the_node(
         "the device plugin is not running or not registered on it"
     )
     assert "gpu-a cluster/gpu_allocatable: FAILED" in run.table
+
+
+def test_time_sliced_node_passes_with_pods_sharing_a_gpu(
+    stack: LabStack, deployed: dict[str, Any], tmp_path: Path
+) -> None:
+    """gpu-b switches from GPU-memory sharing to time-slicing (the operator's label: the memory plugin's
+    DaemonSet leaves it, a time-slicing plugin, nvidia.com/gpu x 2 replicas, serves it). The extender leaves
+    a time-sliced node's devices to the kubelet; the cluster suite counts 4 devices and the workload suite
+    runs 3 pods at once there, two of them sharing a GPU."""
+    core = stack.control_plane.core_v1()
+    sliced = _plugin_args(
+        stack,
+        "gpufleet-device-plugin-ts",
+        {"gpufleet.io/gpu-sharing": "time-slicing"},
+        {"gpu-b": 2},
+        {"sharing": {"mode": "time-slicing", "time_slicing": {"replicas": 2}}},
+    )
+    core.patch_node("gpu-b", {"metadata": {"labels": {"gpufleet.io/gpu-sharing": "time-slicing"}}})
+    try:
+        added = run_tasks([{DP: sliced}], tmp_path).task()
+        assert not added.get("failed"), added.get("msg")
+        expectations = _expectations(stack)
+        expectations["hosts"] = {
+            "gpu-b": {"gpu_count": 2, "gpu_model": "T4", "sharing": "time-slicing", "replicas": 2}
+        }
+        run = validate(expectations, tmp_path, "cluster,workload")
+        assert run.rc == 0, run.proc.stdout[-4000:] + run.proc.stderr[-2000:]
+        outcomes = run.outcomes()
+        assert outcomes[("gpu-b", "gpu_capacity")] == "passed"
+        assert outcomes[("gpu-b", "time_sliced_gpu_is_shared_by_pods_running_at_once")] == "passed"
+        assert run.report["hosts"]["gpu-b"] == {"cluster": "PASS 4/4", "workload": "PASS 2/2"}
+    finally:
+        removed = run_tasks([{DP: {**sliced, "state": "absent", "wait_timeout": 60}}], tmp_path).task()
+        core.patch_node("gpu-b", {"metadata": {"labels": {"gpufleet.io/gpu-sharing": "memory"}}})
+        assert not removed.get("failed"), removed.get("msg")
