@@ -31,6 +31,16 @@ def _ctr(target: Target) -> str:
     return f"ctr --address {shlex.quote(str(address))} --namespace k8s.io"
 
 
+def _containerd_ref(image: str) -> str:
+    """``ctr`` takes only fully qualified references; complete one as CRI (and docker) would."""
+    first, _, rest = image.partition("/")
+    if not rest:
+        return f"docker.io/library/{image}"
+    if "." in first or ":" in first or first == "localhost":
+        return image
+    return f"docker.io/{image}"
+
+
 def test_nvidia_runtime_configured(target: Target) -> None:
     runtime, name = target.want("runtime"), target.want("runtime_name", "nvidia")
     if runtime == "docker":
@@ -65,7 +75,8 @@ def test_nvidia_smi_in_container(target: Target) -> None:
         binary = target.want("runtime_binary", "/usr/bin/nvidia-container-runtime")
         command = (
             f"{_ctr(target)} run --rm --runc-binary {shlex.quote(str(binary))} "
-            f"--env NVIDIA_VISIBLE_DEVICES=all {shlex.quote(image)} gpufleet-validate-{secrets.token_hex(3)} "
+            f"--env NVIDIA_VISIBLE_DEVICES=all {shlex.quote(_containerd_ref(image))} "
+            f"gpufleet-validate-{secrets.token_hex(3)} "
             f"{smi} -L"
         )
     else:

@@ -1,5 +1,6 @@
 """The main job end to end: `gpufleet lab up`, `ansible-playbook site.yml` on its inventory, a second run with
-zero changes, the validation report all green, then `gpufleet lab down` leaving nothing behind.
+zero changes, the validation report all green, then `gpufleet lab down` leaving nothing behind. The GPU hosts'
+kubelets run containerd through CRI, one runs dockershim (docs/lab.md).
 
 One lab for the module (names unique to this run, state and inventory in a temporary directory); the tests
 run in file order and build on each other, the last one takes the lab down. If `up` fails, every test fails
@@ -138,11 +139,50 @@ def test_fabricmanager_runs_only_on_the_nvswitch_host(lab: Lab) -> None:
         assert state in want, f"{host.name}: nvidia-fabricmanager is {state!r}, expected {' or '.join(want)}"
 
 
+def test_each_kubelet_runs_the_runtime_its_host_names(lab: Lab) -> None:
+    """containerd CRI on the GPU hosts, dockershim on one: as the kubelets report it to the API server."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=lab.require()["supervisor"]["kubeconfig"])
+    try:
+        nodes = client.CoreV1Api(api).list_node(_request_timeout=10).items
+    finally:
+        api.close()
+    seen = {n.metadata.name: n.status.node_info.container_runtime_version.split("://")[0] for n in nodes}
+    assert seen == {h.name: h.runtime for h in lab.spec.hosts}
+    assert sorted(seen.values()).count("docker") == 1, seen
+
+
+def test_containerd_config_kept_the_installers_cri_settings_and_ran_gpu_pods(lab: Lab) -> None:
+    """The toolkit role's drop-in on the containerd hosts: nvidia is CRI's default runtime, the installer's
+    sandbox image and CNI paths survive the merge, and the validation pods went through the NVIDIA runtime
+    (its log: containerd's k8s.io runc root, the GPU it injected into a one-GPU pod)."""
+    lab.require()
+    hosts = [h for h in lab.spec.hosts if h.runtime == "containerd"]
+    assert hosts
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    for host in hosts:
+        name = lab.spec.container(host)
+        dump = podman("exec", name, "containerd", "config", "dump").stdout
+        assert 'default_runtime_name = "nvidia"' in dump, f"{host.name}: nvidia is not CRI's default"
+        assert f"[{cri}.containerd.runtimes.nvidia.options]" in dump, host.name
+        assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump, host.name
+        assert 'sandbox_image = "gpufleet-lab/pause:1"' in dump, f"{host.name}: the sandbox image was lost"
+        assert 'bin_dir = "/usr/lib/cni"' in dump, f"{host.name}: the CNI bin_dir was lost"
+        assert podman("exec", name, "sh", "-c", "command -v dockerd", check=False).returncode != 0
+        log = podman("exec", name, "cat", "/var/log/nvidia-container-runtime.log").stdout
+        assert "--root /run/containerd/runc/k8s.io" in log, f"{host.name}: nothing ran through nvidia"
+        # the runtime suite's `ctr run` asks for all GPUs; one GPU is the workload suite's pod, through CRI
+        assert "injected 1 GPU(s)" in log, f"{host.name}: no one-GPU pod went through the NVIDIA runtime"
+
+
 def test_docker_config_was_merged_not_overwritten(lab: Lab) -> None:
     lab.require()
     from gpufleet_harness.lab.hostimage import INSTALLER_DAEMON_JSON
 
-    for host in lab.spec.hosts:
+    hosts = [h for h in lab.spec.hosts if h.runtime == "docker"]
+    assert hosts, "no dockershim host left to prove the daemon.json merge"
+    for host in hosts:
         text = podman("exec", lab.spec.container(host), "cat", "/etc/docker/daemon.json").stdout
         config = json.loads(text)
         assert config.get("default-runtime") == "nvidia", (host.name, config)

@@ -29,9 +29,102 @@ def test_spec_rejects_bad_names_and_host_sets(tmp_path: Path) -> None:
         LabSpec(hosts=(DEFAULT_HOSTS[0], DEFAULT_HOSTS[0]))
     with pytest.raises(ValueError, match="extender"):
         LabSpec(hosts=(HostSpec("a", "pcie-2x-t4"),))
+    with pytest.raises(ValueError, match="runtime 'crio'"):
+        HostSpec("a", "pcie-2x-t4", runtime="crio")
     spec = LabSpec(name="x1", state_dir=tmp_path)
     assert spec.container(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4"
     assert spec.volume(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4-docker"
+    assert spec.volumes(DEFAULT_HOSTS[1]) == {"gpufleet-x1-pcie-2x-t4-containerd": "/var/lib/containerd"}
+    assert spec.volumes(DEFAULT_HOSTS[2]) == {"gpufleet-x1-esxi-vm-2x-v100-docker": "/var/lib/docker"}
+
+
+def test_default_lab_runs_containerd_with_one_dockershim_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtimes = {h.name: h.runtime for h in DEFAULT_HOSTS}
+    assert runtimes == {"dgx-a100": "containerd", "pcie-2x-t4": "containerd", "esxi-vm-2x-v100": "docker"}
+    monkeypatch.setenv("GPUFLEET_LAB_RUNTIME", "docker")
+    assert {h.runtime for h in LabSpec.from_env().hosts} == {"docker"}
+    monkeypatch.setenv("GPUFLEET_LAB_RUNTIME", "")
+    assert {h.name: h.runtime for h in LabSpec.from_env().hosts} == runtimes
+
+
+def test_kubelet_unit_per_runtime() -> None:
+    units = {}
+    for runtime, (note, unit_name, flags) in hostsetup.KUBELET_RUNTIME_FLAGS.items():
+        units[runtime] = hostsetup.KUBELET_UNIT.format(
+            version="v1.20.2", pause="gpufleet-lab/pause:1", runtime_note=note, runtime_unit=unit_name,
+            runtime_flags=flags)  # fmt: skip
+    cri = units["containerd"]
+    assert "--container-runtime=remote \\\n" in cri
+    assert f"--container-runtime-endpoint=unix://{hostsetup.CONTAINERD_SOCKET} \\\n" in cri
+    assert "--runtime-request-timeout=15m" in cri and "Requires=containerd.service" in cri
+    docker = units["docker"]
+    assert "--container-runtime=docker \\\n" in docker and "Requires=docker.service" in docker
+    for unit in units.values():
+        # every continued line ends in a backslash, the last flag does not
+        lines = unit.split("ExecStart=", 1)[1].split("\nRestart=")[0].splitlines()
+        assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\"), lines
+        assert "--pod-infra-container-image=gpufleet-lab/pause:1" in unit
+
+
+def test_containerd_config_is_what_cri_needs() -> None:
+    import tomllib
+
+    config = tomllib.loads(hostsetup.CONTAINERD_CONFIG.format(pause="gpufleet-lab/pause:1"))
+    assert config["version"] == 2
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "gpufleet-lab/pause:1"
+    assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": "/etc/cni/net.d"}
+    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["options"]["SystemdCgroup"] is False  # the kubelet's --cgroup-driver=cgroupfs
+    assert "disabled_plugins" not in config
+    conflist = hostsetup.CNI_CONFLIST
+    assert [p["type"] for p in conflist["plugins"]] == ["bridge", "portmap"]
+    assert hostsetup.CNI_CONFLIST_PATH.startswith(cri["cni"]["conf_dir"] + "/")
+    assert hostsetup.CNI_CONFLIST_PATH.endswith(".conflist")
+
+
+@pytest.mark.parametrize(("image", "stored"), [
+    ("gpufleet-lab/pause:1", "docker.io/gpufleet-lab/pause:1"),
+    ("busybox:1", "docker.io/library/busybox:1"),
+    ("nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04", "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"),
+    ("localhost/x:1", "localhost/x:1"),
+    ("registry:5000/x:1", "registry:5000/x:1"),
+])  # fmt: skip
+def test_cri_image_names(image: str, stored: str) -> None:
+    assert hostsetup.cri_image_name(image) == stored
+
+
+def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path) -> None:
+    import hashlib
+    import io
+    import tarfile
+
+    from gpufleet_harness.cluster.images import IMPORT_CHANGES
+
+    rootfs = tmp_path / "rootfs.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        info = tarfile.TarInfo("./hello")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    out = io.BytesIO()
+    hostsetup.write_docker_archive(out, "gpufleet-lab/x:1", rootfs, list(IMPORT_CHANGES))
+    out.seek(0)
+    with tarfile.open(fileobj=out) as archive:
+        manifest = json.load(archive.extractfile("manifest.json"))  # type: ignore[arg-type]
+        (entry,) = manifest
+        assert entry["RepoTags"] == ["gpufleet-lab/x:1"]
+        config_blob = archive.extractfile(entry["Config"]).read()  # type: ignore[union-attr]
+        layer = archive.extractfile(entry["Layers"][0]).read()  # type: ignore[union-attr]
+    assert layer == rootfs.read_bytes()
+    assert entry["Config"] == hashlib.sha256(config_blob).hexdigest() + ".json"
+    config = json.loads(config_blob)
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert (config["os"], config["architecture"]) == ("linux", "amd64")
+    assert config["config"]["Entrypoint"] == ["python3", "-m", "gpufleet.deviceplugin"]
+    assert any(e.startswith("PATH=/usr/local/sbin:") for e in config["config"]["Env"])
+    with pytest.raises(ValueError, match="only ENV, ENTRYPOINT and CMD"):
+        hostsetup.write_docker_archive(io.BytesIO(), "x:1", rootfs, ["-c", "WORKDIR /x"])
 
 
 def _state() -> dict:
@@ -69,6 +162,10 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert hostvars["ansible_host"] == "gpufleet-u1-dgx-a100"
     assert hostvars["ansible_connection"] == "gpufleet.nvidia.podman"
     assert hostvars["gpufleet_lab"]["repo_url"] == "http://10.0.2.2:8080"
+    # the runtime suite checks the runtime the host's kubelet uses (group_vars/all.yml reads this)
+    assert hostvars["gpufleet_container_runtime"] == "containerd"
+    assert "gpufleet_container_runtime" in hostvars["gpufleet_validation_runtime"]
+    assert children["gpu_nodes"]["hosts"]["esxi-vm-2x-v100"]["gpufleet_container_runtime"] == "docker"
     assert "gpufleet_target" not in hostvars  # plays pick hosts before group_vars apply: never set it there
 
 

@@ -2,9 +2,11 @@
 
 gpufleet takes over nodes that already run a container runtime and a kubelet (kubeadm, kubespray ...). The
 image adds to the test-host image (debootstrap bookworm + systemd, :mod:`gpufleet_harness.testhosts.images`)
-what such an installer puts there: Debian's docker.io (dockershim is the kubelet 1.20 runtime here), the
+what such an installer puts there: Debian's docker.io (with containerd and runc), the CNI plugins, the
 tools the kubelet calls, and a ``/etc/docker/daemon.json`` with the installer's own settings, which the
-runtime role must keep when it adds the NVIDIA runtime. The kubelet itself is installed at ``lab up`` (its
+runtime role must keep when it adds the NVIDIA runtime. One image serves both kinds of host: at ``lab up`` a
+containerd CRI host drops docker.io and gets containerd's CRI configuration, a dockershim host keeps dockerd
+(:func:`gpufleet_harness.lab.hostsetup.configure_runtime`). The kubelet itself is installed at ``lab up`` (its
 binary is the cached build of the version the lab runs).
 
 Cached by content: the image carries a label with the key of what it was built from.
@@ -24,6 +26,9 @@ REPOSITORY = "localhost/gpufleet-labhost"
 KEY_LABEL = "io.gpufleet.labhost.key"
 PACKAGES = (
     "docker.io",
+    # CNI plugins for containerd's CRI (bridge, host-local, loopback, portmap in /usr/lib/cni, the bin_dir
+    # Debian's /etc/containerd/config.toml names); dockershim hosts use docker's own bridge instead
+    "containernetworking-plugins",
     "iptables",
     "conntrack",
     "ebtables",

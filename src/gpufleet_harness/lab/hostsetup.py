@@ -10,17 +10,26 @@ What is installed in a host, and where (the roles see only the one fact the lab 
 ``/usr/local/sbin/runc``          lab glue, not NVIDIA's: clamps negative ``oom_score_adj`` (this
                                   machine's root lacks CAP_SYS_RESOURCE), execs Debian's ``/usr/sbin/runc``
 ``/usr/local/bin/kubelet``        the cached Kubernetes build, as ``kubelet.service``; client
-                                  certificate from the lab CA
+                                  certificate from the lab CA; on containerd CRI or dockershim
+``/etc/containerd/config.toml``   containerd hosts: CRI as a cluster installer configures it (sandbox image,
+``/etc/cni/net.d/``               cgroupfs, CNI), the pod network's bridge conflist; docker.io purged
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
+import json
 import os
 import shutil
 import stat
 import subprocess
+import tarfile
 import tempfile
+import threading
 from pathlib import Path
+from typing import IO, Any
 
 from gpufleet_harness.cluster import oci_runtime
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE
@@ -42,17 +51,16 @@ _SMI_SOURCES = (
 )
 
 KUBELET_UNIT = """\
-# Installed by `gpufleet lab up` (the lab plays the cluster installer). Kubernetes {version}, dockershim.
+# Installed by `gpufleet lab up` (the lab plays the cluster installer). Kubernetes {version}, {runtime_note}.
 [Unit]
 Description=kubelet: the Kubernetes node agent
-After=docker.service
-Requires=docker.service
+After={runtime_unit}
+Requires={runtime_unit}
 
 [Service]
 ExecStart=/usr/local/bin/kubelet \\
   --kubeconfig=/etc/kubernetes/kubelet.conf \\
-  --container-runtime=docker \\
-  --pod-infra-container-image={pause} \\
+{runtime_flags}  --pod-infra-container-image={pause} \\
   --cgroup-driver=cgroupfs --cgroups-per-qos=false --enforce-node-allocatable= \\
   --fail-swap-on=false --read-only-port=0 \\
   --client-ca-file=/etc/kubernetes/pki/ca.crt --anonymous-auth=false \\
@@ -65,13 +73,81 @@ RestartSec=2
 [Install]
 WantedBy=multi-user.target
 """
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+# Kubelet 1.20 flags per runtime: (what the unit says, the runtime's unit, flags). dockershim is built into
+# the kubelet. containerd: CRI (v1alpha2 in 1.20, which containerd 1.6 serves) on containerd's socket, with
+# --runtime-request-timeout=15m as containerd's CRI guide for kubeadm nodes sets it (the default 2 min can
+# cut off long image operations). --pod-infra-container-image stays on both: with dockershim it is the
+# sandbox image; with CRI containerd's sandbox_image is, and the kubelet only keeps it from image GC.
+KUBELET_RUNTIME_FLAGS = {
+    "docker": ("dockershim", "docker.service", "  --container-runtime=docker \\\n"),
+    "containerd": (
+        "containerd CRI",
+        "containerd.service",
+        "  --container-runtime=remote \\\n"
+        f"  --container-runtime-endpoint=unix://{CONTAINERD_SOCKET} \\\n"
+        "  --runtime-request-timeout=15m \\\n",
+    ),
+}
 
+# containerd as a cluster installer configures it for a kubelet (kubeadm's "container runtimes" page for
+# containerd): config version 2, CRI plugin enabled (Debian's package does not disable it), runc through
+# the runc v2 shim with the cgroupfs driver the kubelet uses (SystemdCgroup = false), the sandbox (pause)
+# image the lab loads, CNI binaries where Debian's containernetworking-plugins puts them. Checked against
+# `containerd config dump` of Debian 12's containerd 1.6.20 (docs/lab.md).
+# restrict_oom_score_adj is lab glue like /usr/local/sbin/runc: this machine's root lacks CAP_SYS_RESOURCE,
+# so negative oom_score_adj (CRI asks -998 for sandboxes) is clamped to containerd's own score.
+CONTAINERD_CONFIG = """\
+# Installed by `gpufleet lab up` (the lab plays the cluster installer): containerd for a CRI kubelet.
+version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "{pause}"
+    restrict_oom_score_adj = true
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+      snapshotter = "overlayfs"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+"""
+# The pod network of a containerd host: one bridge on the host (each lab host is its own network namespace,
+# so every host may use the same range), addresses from host-local, portmap for hostPort; containerd's CRI
+# adds the loopback plugin to every pod itself. CNI spec 1.0.0, which containernetworking-plugins 1.1.1 and
+# containerd 1.6's libcni speak.
+CNI_CONFLIST_PATH = "/etc/cni/net.d/10-gpufleet-lab.conflist"
+CNI_CONFLIST = {
+    "cniVersion": "1.0.0",
+    "name": "gpufleet-lab",
+    "plugins": [
+        {
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": True,
+            "ipMasq": True,
+            "hairpinMode": True,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.88.0.0/16"}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        },
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+    ],
+}
 DEVICES_UNIT = """\
 # Installed by `gpufleet lab up`: the simulated GPUs' device nodes, as the driver's udev rules make them.
 [Unit]
 Description=gpufleet lab: device nodes of the simulated NVIDIA GPUs
 DefaultDependencies=no
-Before=docker.service kubelet.service
+Before=docker.service containerd.service kubelet.service
 
 [Service]
 Type=oneshot
@@ -123,7 +199,10 @@ def copy_in(container: str, source: Path, dest: str) -> None:
 def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None) -> None:
     """Start the host's container (systemd as PID 1) and wait for systemd to finish booting."""
     name = spec.container(host)
-    podman("volume", "create", "--label", f"{LABEL}={spec.name}", spec.volume(host), check=False)
+    mounts: list[str] = []
+    for volume, where in spec.volumes(host).items():
+        podman("volume", "create", "--label", f"{LABEL}={spec.name}", volume, check=False)
+        mounts += ["-v", f"{volume}:{where}"]
     argv = [
         "run", "-d", "--name", name, "--hostname", host.name, "--label", f"{LABEL}={spec.name}",
         # a kubelet and dockerd run inside: privileged with a private cgroup namespace (docs/lab.md)
@@ -132,8 +211,8 @@ def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None)
         "--restart=always",
         # this machine's loopback (control plane, APT repository) is 10.0.2.2 inside; nothing else is bridged
         "--network=slirp4netns:allow_host_loopback=true",
-        # overlay2 of the inner dockerd cannot sit on the container's own overlay root
-        "-v", f"{spec.volume(host)}:/var/lib/docker",
+        # dockerd's overlay2 and containerd's overlayfs snapshots cannot sit on the container's overlay root
+        *mounts,
     ]  # fmt: skip
     if extender_port is not None:
         argv += ["-p", f"127.0.0.1:{extender_port}:{EXTENDER_PORT}"]
@@ -207,11 +286,123 @@ def install_runc_glue(spec: LabSpec, host: HostSpec) -> None:
     write_in(name, "/usr/local/sbin/runc", shim, 0o755)
 
 
-def load_images(spec: LabSpec, host: HostSpec, k8s_images: Path, gpufleet_image: tuple[str, Path]) -> None:
-    """pause, busybox and the gpufleet image into the host's dockerd (no registry here)."""
+def configure_runtime(spec: LabSpec, host: HostSpec) -> None:
+    """The container runtime as the cluster installer leaves it for the host's kubelet.
+
+    docker: the image's dockerd, as it is. containerd: docker.io is purged (a CRI node runs no dockerd, and
+    the toolkit role then finds only containerd, as on such a node), containerd is configured for CRI and the
+    pod network is a CNI bridge."""
     name = spec.container(host)
-    exec_in(name, "systemctl", "start", "docker")
-    present = set(exec_in(name, "docker", "images", "--format", "{{.Repository}}:{{.Tag}}").split())
+    if host.runtime != "containerd":
+        return
+    purge = (
+        "systemctl stop docker.socket docker.service 2>/dev/null; "
+        "DEBIAN_FRONTEND=noninteractive dpkg --purge docker.io >/dev/null && rm -rf /etc/docker"
+    )
+    exec_in(name, "sh", "-c", purge)
+    write_in(name, "/etc/containerd/config.toml", CONTAINERD_CONFIG.format(pause=PAUSE_IMAGE))
+    write_in(name, CNI_CONFLIST_PATH, json.dumps(CNI_CONFLIST, indent=2) + "\n")
+    exec_in(name, "systemctl", "enable", "containerd.service")
+    exec_in(name, "systemctl", "restart", "containerd.service")
+    try:
+        wait_for(f"{name}: containerd to answer on {CONTAINERD_SOCKET}",
+                 lambda: exec_in(name, "ctr", "version", check=False).count("Version:") >= 2, 60,
+                 interval=0.5)  # fmt: skip
+    except LabError as err:
+        raise HostError(str(err)) from None
+
+
+def _changes_to_config(changes: list[str]) -> dict[str, Any]:
+    """``docker import -c`` instructions (ENV, ENTRYPOINT, CMD) as an image config's ``config``."""
+    config: dict[str, Any] = {}
+    values = [c for c in changes if c != "-c"]
+    for change in values:
+        verb, _, rest = change.partition(" ")
+        if verb == "ENV":
+            config.setdefault("Env", []).extend(rest.split())
+        elif verb in ("ENTRYPOINT", "CMD"):
+            config["Entrypoint" if verb == "ENTRYPOINT" else "Cmd"] = json.loads(rest)
+        else:
+            raise ValueError(f"image change {change!r}: only ENV, ENTRYPOINT and CMD are translated")
+    return config
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS_LOCK = threading.Lock()
+
+
+def _sha256(path: Path) -> str:
+    """sha256 of a file, once per file version per process (the hosts load the same tarballs in parallel)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _DIGESTS_LOCK:
+        if key not in _DIGESTS:
+            digest = hashlib.sha256()
+            with path.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            _DIGESTS[key] = digest.hexdigest()
+        return _DIGESTS[key]
+
+
+def write_docker_archive(out: IO[bytes], image: str, rootfs: Path, changes: list[str]) -> None:
+    """A one-layer image in ``docker save`` format (what ``docker import`` of ``rootfs`` would make), streamed
+    to ``out``: manifest.json naming ``image``, the image config, the rootfs tarball as the layer."""
+    layer = _sha256(rootfs)
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": _changes_to_config(changes),
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer}"]},
+        "history": [{"created_by": f"gpufleet lab: {rootfs.name} as a single layer"}],
+    }
+    config_blob = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_blob).hexdigest() + ".json"
+    manifest = [{"Config": config_name, "RepoTags": [image], "Layers": [f"{layer}/layer.tar"]}]
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for member, data in ((config_name, config_blob), ("manifest.json", json.dumps(manifest).encode())):
+            info = tarfile.TarInfo(member)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+        info = tar.gettarinfo(str(rootfs), arcname=f"{layer}/layer.tar")
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        with rootfs.open("rb") as fh:
+            tar.addfile(info, fh)
+
+
+def _ctr_import(container: str, image: str, rootfs: Path, changes: list[str]) -> None:
+    """Stream the image into the host's containerd, namespace ``k8s.io`` (where CRI keeps its images)."""
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(
+            ["podman", "exec", "-i", container, "ctr", "--namespace", "k8s.io", "images", "import", "-"],
+            stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError), proc.stdin:
+            write_docker_archive(proc.stdin, image, rootfs, changes)
+        rc = proc.wait(timeout=600)
+        output.seek(0)
+        said = output.read().decode(errors="replace").strip()
+    if rc != 0:
+        raise HostError(f"{container}: ctr images import of {image} exited {rc}: {said[-800:]}")
+
+
+def cri_image_name(image: str) -> str:
+    """The fully qualified name containerd stores an image under (the CRI plugin normalizes pod image
+    references the same way; ``ctr`` does not): ``docker.io`` and ``library/`` added where missing."""
+    first, _, rest = image.partition("/")
+    if not rest:
+        return f"docker.io/library/{image}"
+    if "." in first or ":" in first or first == "localhost":
+        return image
+    return f"docker.io/{image}"
+
+
+def load_images(spec: LabSpec, host: HostSpec, k8s_images: Path, gpufleet_image: tuple[str, Path]) -> None:
+    """pause, busybox and the gpufleet image into the host's runtime (no registry here): ``docker import``
+    into dockerd, or a ``docker save`` archive imported into containerd's ``k8s.io`` namespace."""
+    name = spec.container(host)
     from gpufleet_harness.cluster.images import IMPORT_CHANGES
 
     wanted = [
@@ -219,6 +410,14 @@ def load_images(spec: LabSpec, host: HostSpec, k8s_images: Path, gpufleet_image:
         (BUSYBOX_IMAGE, k8s_images / "busybox.tar", ["-c", 'CMD ["/bin/sh"]']),
         (gpufleet_image[0], gpufleet_image[1], list(IMPORT_CHANGES)),
     ]
+    if host.runtime == "containerd":
+        present = set(exec_in(name, "ctr", "--namespace", "k8s.io", "images", "ls", "-q").split())
+        for image, tarball, changes in wanted:
+            if cri_image_name(image) not in present:
+                _ctr_import(name, image, tarball, changes)
+        return
+    exec_in(name, "systemctl", "start", "docker")
+    present = set(exec_in(name, "docker", "images", "--format", "{{.Repository}}:{{.Tag}}").split())
     for image, tarball, changes in wanted:
         if image in present:
             continue
@@ -247,7 +446,9 @@ def install_kubelet(spec: LabSpec, host: HostSpec, state: dict, kubelet: Path) -
         "current-context: lab\n"
     )
     write_in(name, "/etc/kubernetes/kubelet.conf", kubeconfig, 0o600)
-    unit = KUBELET_UNIT.format(version=state["k8s_version"], pause=PAUSE_IMAGE)
+    note, runtime_unit, flags = KUBELET_RUNTIME_FLAGS[host.runtime]
+    unit = KUBELET_UNIT.format(version=state["k8s_version"], pause=PAUSE_IMAGE, runtime_note=note,
+                               runtime_unit=runtime_unit, runtime_flags=flags)  # fmt: skip
     write_in(name, "/etc/systemd/system/kubelet.service", unit)
     exec_in(name, "systemctl", "daemon-reload")
     exec_in(name, "systemctl", "enable", "--now", "kubelet.service")

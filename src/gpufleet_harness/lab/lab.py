@@ -2,8 +2,9 @@
 
 ``up`` is idempotent: on a lab that is up and healthy it only reports; on a half-made or stale one it
 first removes what is left, then builds afresh. Everything the lab makes carries its name: containers
-``gpufleet-<lab>-<host>``, volumes ``gpufleet-<lab>-<host>-docker``, the podman label ``io.gpufleet.lab``,
-the state directory and the generated ``hosts.yml`` of its inventory. ``down`` removes exactly those.
+``gpufleet-<lab>-<host>``, volumes ``gpufleet-<lab>-<host>-docker`` (or ``-containerd``), the podman label
+``io.gpufleet.lab``, the state directory and the generated ``hosts.yml`` of its inventory. ``down`` removes
+exactly those.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
 
     progress("Kubernetes binaries (built once, cached by version)")
     _timed(timings, "kubernetes build or cache", ensure_k8s)
-    progress("images: lab host (Debian 12 + systemd + docker) and gpufleet (device plugin, extender)")
+    progress(
+        "images: lab host (Debian 12, systemd, docker, containerd) and gpufleet (device plugin, extender)"
+    )
     host_image = _timed(timings, "host image", ensure_host_image)
     gpufleet_image = _timed(timings, "gpufleet image", ensure_lab_image)
     library = _timed(timings, "simulator library", simbuild.build_library)
@@ -121,6 +124,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
         _timed(steps, "container", lambda: hostsetup.create(spec, host, host_image, port))
         _timed(steps, "simulator", lambda: hostsetup.install_sim(spec, host, Path(library)))
         _timed(steps, "runc glue", lambda: hostsetup.install_runc_glue(spec, host))
+        _timed(steps, "runtime", lambda: hostsetup.configure_runtime(spec, host))
         _timed(
             steps,
             "images",
@@ -146,6 +150,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
                 "container": spec.container(h),
                 "fixture": h.fixture,
                 "groups": list(h.groups),
+                "runtime": h.runtime,
                 "timings": per_host[h.name],
             }
             for h in spec.hosts
@@ -246,9 +251,13 @@ def _healthy(spec: LabSpec, state: dict[str, Any]) -> bool:
 # -- inventory -----------------------------------------------------------------------------------------
 def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
     sup = state["supervisor"]
+    # gpufleet_container_runtime: the runtime the host's kubelet uses, as its installer set it up
+    # (group_vars/all.yml points the runtime validation suite at it).
     hosts = {
-        h.name: {"ansible_host": spec.container(h), "gpufleet_sim_fixture": h.fixture} for h in spec.hosts
-    }
+        h.name: {"ansible_host": spec.container(h), "gpufleet_sim_fixture": h.fixture,
+                 "gpufleet_container_runtime": h.runtime}
+        for h in spec.hosts
+    }  # fmt: skip
     groups: dict[str, Any] = {"gpu_nodes": {"hosts": hosts}}
     for group in sorted({g for h in spec.hosts for g in h.groups}):
         groups[group] = {"hosts": {h.name: None for h in spec.hosts if group in h.groups}}
@@ -309,7 +318,8 @@ def down(spec: LabSpec, *, progress: Callable[[str], None] = print) -> list[str]
     volumes = podman(
         "volume", "ls", "-q", "--filter", f"label={LABEL}={spec.name}", check=False
     ).stdout.split()
-    for volume in sorted(set(volumes) | {spec.volume(h) for h in spec.hosts}):
+    named = {v for h in spec.hosts for v in (spec.volume(h), spec.containerd_volume(h))}
+    for volume in sorted(set(volumes) | named):
         if podman("volume", "exists", volume, check=False).returncode == 0:
             podman("volume", "rm", "-f", volume, check=False)
             removed.append(f"volume {volume}")
@@ -347,6 +357,7 @@ def status(spec: LabSpec) -> dict[str, Any]:
         doc["hosts"][h.name] = {
             "container": spec.container(h),
             "fixture": h.fixture,
+            "runtime": h.runtime,
             "container_state": running.get(spec.container(h), "absent"),
             "node_ready": bool(node.get("ready")),
             "allocatable_gpus": node.get("gpus", 0),

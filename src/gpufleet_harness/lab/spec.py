@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ SIM_DIR = "/etc/gpufleet-sim"  # inside every host: where the simulated driver's
 GATEWAY = "10.0.2.2"
 EXTENDER_PORT = 8800  # the extender's port inside the host that runs it (host network)
 LABEL = "io.gpufleet.lab"  # podman label on everything a lab creates; its value is the lab name
+# The container runtimes a lab host's kubelet can use: containerd through CRI (--container-runtime=remote),
+# or dockerd through the kubelet's built-in dockershim (removed in Kubernetes 1.24; kept for one host).
+RUNTIMES = ("containerd", "docker")
 
 
 @dataclass(frozen=True)
@@ -23,13 +27,31 @@ class HostSpec:
     fixture: str
     groups: tuple[str, ...] = ()
     runs_extender: bool = False
+    runtime: str = "containerd"  # one of RUNTIMES: what the kubelet talks to
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"lab host {self.name}: runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}"
+            )
 
 
+# The GPU hosts run containerd CRI kubelets, as current clusters do. The ESXi guest keeps dockershim: an
+# older-generation (V100) VM fleet is where dockershim nodes linger, and one such host keeps the toolkit
+# role's daemon.json merge proven end to end. The DGX stays on containerd: it runs the extender and the
+# NVLink and fabric manager checks, the paths a current cluster exercises most.
 DEFAULT_HOSTS = (
-    HostSpec("dgx-a100", "dgx-a100", ("nvswitch",), runs_extender=True),
-    HostSpec("pcie-2x-t4", "pcie-2x-t4"),
-    HostSpec("esxi-vm-2x-v100", "esxi-vm-2x-v100", ("esxi_guests",)),
+    HostSpec("dgx-a100", "dgx-a100", ("nvswitch",), runs_extender=True, runtime="containerd"),
+    HostSpec("pcie-2x-t4", "pcie-2x-t4", runtime="containerd"),
+    HostSpec("esxi-vm-2x-v100", "esxi-vm-2x-v100", ("esxi_guests",), runtime="docker"),
 )
+
+
+def with_runtime(hosts: tuple[HostSpec, ...], runtime: str | None) -> tuple[HostSpec, ...]:
+    """``hosts`` all moved to ``runtime`` (GPUFLEET_LAB_RUNTIME); unchanged when it is empty."""
+    if not runtime:
+        return hosts
+    return tuple(dataclasses.replace(h, runtime=runtime) for h in hosts)
 
 
 @dataclass(frozen=True)
@@ -52,7 +74,9 @@ class LabSpec:
 
     @classmethod
     def from_env(cls, hosts: tuple[HostSpec, ...] = DEFAULT_HOSTS) -> LabSpec:
-        """The default lab, moved by GPUFLEET_LAB_NAME / GPUFLEET_LAB_STATE / GPUFLEET_LAB_INVENTORY."""
+        """The default lab, moved by GPUFLEET_LAB_NAME / GPUFLEET_LAB_STATE / GPUFLEET_LAB_INVENTORY;
+        GPUFLEET_LAB_RUNTIME (``containerd`` or ``docker``) puts every host on that runtime."""
+        hosts = with_runtime(hosts, os.environ.get("GPUFLEET_LAB_RUNTIME", "").strip())
         default = cls(hosts=hosts)
         return cls(
             name=os.environ.get("GPUFLEET_LAB_NAME", default.name),
@@ -66,6 +90,16 @@ class LabSpec:
 
     def volume(self, host: HostSpec) -> str:
         return f"gpufleet-{self.name}-{host.name}-docker"
+
+    def containerd_volume(self, host: HostSpec) -> str:
+        """/var/lib/containerd of a containerd host (overlayfs snapshots cannot sit on the root overlay)."""
+        return f"gpufleet-{self.name}-{host.name}-containerd"
+
+    def volumes(self, host: HostSpec) -> dict[str, str]:
+        """Named volume → mount point in the host: the runtime's image and snapshot store."""
+        if host.runtime == "containerd":
+            return {self.containerd_volume(host): "/var/lib/containerd"}
+        return {self.volume(host): "/var/lib/docker"}
 
     @property
     def state_file(self) -> Path:
