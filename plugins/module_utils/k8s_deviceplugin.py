@@ -617,6 +617,12 @@ class CapacityExplainer:
             return f"plugin registered but advertises no {res} (NVML found no GPU?)" + self._log(pod)
         if want is not None and capacity != want:
             return f"advertises {capacity} {res}, expected {want}" + self._log(pod)
+        if allocatable == 0:
+            # The kubelet keeps a stopped plugin's capacity with allocatable 0 for its grace period.
+            return (
+                f"no {res} allocatable (capacity {capacity}): the plugin is not running or not registered, "
+                "or every device is unhealthy" + self._log(pod)
+            )
         if allocatable is not None and allocatable < capacity:
             return f"{capacity - allocatable} of {capacity} {res} devices unhealthy" + self._log(pod)
         return f"capacity {capacity}, allocatable {allocatable} (still settling)"

@@ -421,9 +421,13 @@ def test_systemd_mode_waits_for_a_plugin_process_and_names_a_node_without_one(
     base = admin_args(stack, mode="systemd", wait_timeout=6)
     missing = run_tasks([{MODULE: {**base, "expected_gpus": {"gpu-b": 2}}}], tmp_path).task()
     assert missing["failed"]
+    # Never registered there: no capacity at all. Registered earlier in this session (the lab is shared)
+    # and stopped: the kubelet keeps the capacity with allocatable 0.
     assert (
         "gpu-b: plugin not registered with the kubelet: the node reports no nvidia.com/gpu" in missing["msg"]
-    )
+        or "gpu-b: no nvidia.com/gpu allocatable (capacity 2): the plugin is not running or not registered"
+        in missing["msg"]
+    ), missing["msg"]
     assert "journalctl -u gpufleet-device-plugin" in missing["msg"]
     assert missing["objects"] == [] and not missing["changed"]
 
