@@ -15,11 +15,9 @@ Figures, not assertions: the issue's target is the whole-GPU one, Allocate p99 <
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,49 +25,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deviceplugin_bench import plugin_session, time_allocates
 
-from gpufleet_harness.sim import control, machine
+from gpufleet_harness.sim import machine, miglayout
 
 GPUS, PER_GPU = 8, 7
-PROFILE_1G, CI_1C = 19, 0  # nvmlDeviceCreateGpuInstance profile id of 1g.10gb; its one-slice CI profile
-
-LAYOUT = """
-import json, sys
-import pynvml as n
-n.nvmlInit()
-gpus, per_gpu, step = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-GI_PROFILE, CI_PROFILE = int(sys.argv[4]), int(sys.argv[5])
-uuids = []
-for g in range(gpus):
-    h = n.nvmlDeviceGetHandleByIndex(g)
-    if step == "enable":
-        n.nvmlDeviceSetMigMode(h, 1)
-        continue
-    for _ in range(per_gpu):
-        n.nvmlGpuInstanceCreateComputeInstance(n.nvmlDeviceCreateGpuInstance(h, GI_PROFILE), CI_PROFILE)
-    for k in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
-        try:
-            u = n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(h, k))
-        except n.NVMLError_NotFound:
-            continue
-        uuids.append(u.decode() if isinstance(u, bytes) else u)
-print(json.dumps(uuids))
-"""
 
 
-def make_layout(root: str, env: dict[str, str]) -> list[str]:
-    def step(name: str) -> str:
-        return subprocess.run(
-            [sys.executable, "-c", LAYOUT, str(GPUS), str(PER_GPU), name, str(PROFILE_1G), str(CI_1C)],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-
-    step("enable")
-    for gpu in range(GPUS):
-        control.inject(root, ["gpu", str(gpu), "reset"])  # an A100 applies MIG mode at a reset
-    return json.loads(step("create"))
+def make_layout(root: str) -> list[str]:
+    """Seven 1g.10gb devices on each GPU; their UUIDs in GPU order."""
+    made = miglayout.make_layout(root, {gpu: ["1g.10gb"] * PER_GPU for gpu in range(GPUS)})
+    return [m["uuid"] for gpu in sorted(made) for m in made[gpu]]
 
 
 def bench(strategy: str, allocs: int) -> dict[str, float]:
@@ -77,7 +41,7 @@ def bench(strategy: str, allocs: int) -> dict[str, float]:
     root = os.path.join(base, "root")
     env = {**os.environ, **machine.sim_env(machine.materialize("dgx-a100", root))}
     try:
-        migs = make_layout(root, env)
+        migs = make_layout(root)
         resource = "nvidia.com/gpu" if strategy == "single" else "nvidia.com/mig-1g.10gb"
         endpoint = "gpufleet-" + resource.replace("/", "-") + ".sock"
         with plugin_session(env, ["--mig-strategy", strategy], endpoint, migs[-1]) as (stub, _watch, proc):

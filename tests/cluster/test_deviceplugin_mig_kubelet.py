@@ -14,7 +14,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,68 +31,20 @@ from test_deviceplugin_kubelet import (
 
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, KubeletNode
 from gpufleet_harness.cluster.process import wait_for
-from gpufleet_harness.sim import control as simcontrol
 from gpufleet_harness.sim import machine as simmachine
+from gpufleet_harness.sim import miglayout
 
 pytestmark = pytest.mark.cluster
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
-# nvmlDeviceCreateGpuInstance profile ids on an A100-80GB and the compute-instance profile filling each
-# (NVML's NVML_GPU_INSTANCE_PROFILE_* and NVML_COMPUTE_INSTANCE_PROFILE_* numbering).
-PROFILES = {"1g.10gb": (19, 0), "3g.40gb": (9, 2)}
-Layout = dict[int, list[dict[str, Any]]]  # GPU index -> its MIG devices: uuid, gi, ci
+Layout = dict[int, list[dict[str, Any]]]  # GPU index -> its MIG devices (miglayout.make_layout)
 _LS_CHARDEV = re.compile(r"^c\S*\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s.*\s(/dev/\S+)$")
 _REPORT = (
     'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls -l /dev/nvidia* /dev/nvidia-caps/* 2>&1; '
     f"echo {REPORT_DONE}; exec sleep 3600"
 )
-
-# Enables MIG (step "enable") or creates the instances and lists each GPU's MIG devices (step "create").
-_LAYOUT = """
-import json, sys
-import pynvml as n
-layout, step = json.loads(sys.argv[1]), sys.argv[2]
-n.nvmlInit()
-out = {}
-for gpu, profiles in layout.items():
-    h = n.nvmlDeviceGetHandleByIndex(int(gpu))
-    if step == "enable":
-        n.nvmlDeviceSetMigMode(h, 1)
-        continue
-    for gi_profile, ci_profile in profiles:
-        n.nvmlGpuInstanceCreateComputeInstance(n.nvmlDeviceCreateGpuInstance(h, gi_profile), ci_profile)
-    found = []
-    for k in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
-        try:
-            m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-        except n.NVMLError_NotFound:
-            continue
-        uuid = n.nvmlDeviceGetUUID(m)
-        found.append({"uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
-                      "gi": n.nvmlDeviceGetGpuInstanceId(m), "ci": n.nvmlDeviceGetComputeInstanceId(m)})
-    out[gpu] = found
-print(json.dumps(out))
-"""
-
-
-def make_layout(root: Path, layout: dict[int, list[str]]) -> Layout:
-    """MIG on for these GPUs (an A100 applies it at the reset that follows), one instance per profile."""
-    spec = json.dumps({str(g): [PROFILES[p] for p in profiles] for g, profiles in layout.items()})
-    env = {**os.environ, **simmachine.sim_env(root)}
-
-    def step(name: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-c", _LAYOUT, spec, name], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    step("enable")
-    for gpu in layout:
-        simcontrol.inject(str(root), ["gpu", str(gpu), "reset"])
-    return {int(g): devices for g, devices in json.loads(step("create")).items()}
 
 
 @pytest.fixture
@@ -106,7 +57,7 @@ def mig_plugin(
 
     def start(layout: dict[int, list[str]], strategy: str) -> tuple[PluginRun, Layout]:
         root = simmachine.materialize("dgx-a100", tmp_path / f"sim-{len(runs)}", library=sim_lib)
-        migs = make_layout(root, layout)
+        migs = miglayout.make_layout(root, layout)
         gpus = sorted(json.loads((root / "machine.json").read_text())["gpus"], key=lambda g: g["index"])
         argv = [
             sys.executable, "-m", "gpufleet.deviceplugin", "--log-format", "json",

@@ -30,14 +30,12 @@ from gpufleet.deviceplugin import config as configuration
 from gpufleet.deviceplugin.api import pb, pb_grpc
 from gpufleet.deviceplugin.labels import gpus_annotation, mig_labels, node_labels
 from gpufleet.deviceplugin.rm.model import GIB, MIB, MigDeviceInfo
+from gpufleet_harness.sim import miglayout
 
 FAST = ["--health-probe-interval", "0.1", "--nvml-retry-interval", "0.1"]
 GPU_ENDPOINT = "gpufleet-nvidia.com-gpu.sock"
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
-# GPU-instance profile ids (nvmlDeviceCreateGpuInstance) and the compute-instance profile filling each.
-GI_PROFILE = {"1g.10gb": 19, "3g.40gb": 9}
-CI_PROFILE = {"1g.10gb": 0, "3g.40gb": 2}
 
 
 def endpoint(resource: str) -> str:
@@ -45,35 +43,6 @@ def endpoint(resource: str) -> str:
 
 
 # ----- making MIG layouts through pynvml --------------------------------------------------------------
-
-LAYOUT_SCRIPT = """
-import json, sys
-import pynvml as n
-layout = json.loads(sys.argv[1])
-n.nvmlInit()
-step = sys.argv[2]
-out = {}
-for gpu, profiles in layout.items():
-    h = n.nvmlDeviceGetHandleByIndex(int(gpu))
-    if step == "enable":
-        n.nvmlDeviceSetMigMode(h, 1)
-        continue
-    for gi_profile, ci_profile in profiles:
-        gi = n.nvmlDeviceCreateGpuInstance(h, gi_profile)
-        n.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
-    devices = []
-    for k in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
-        try:
-            m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-        except n.NVMLError_NotFound:
-            continue
-        uuid = n.nvmlDeviceGetUUID(m)
-        devices.append({"uuid": uuid.decode() if isinstance(uuid, bytes) else uuid, "k": k,
-                        "gi": n.nvmlDeviceGetGpuInstanceId(m), "ci": n.nvmlDeviceGetComputeInstanceId(m),
-                        "mem": n.nvmlDeviceGetMemoryInfo(m).total})
-    out[gpu] = devices
-print(json.dumps(out))
-"""
 
 
 def run_python(env: dict[str, str], code: str, *args: str) -> str:
@@ -87,19 +56,6 @@ def run_python(env: dict[str, str], code: str, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def make_layout(
-    root: str, env: dict[str, str], layout: dict[int, list[str]]
-) -> dict[int, list[dict[str, Any]]]:
-    """Enable MIG on these GPUs (an A100 applies it at the GPU reset that follows), then create one GPU
-    instance with a compute instance filling it per profile listed; returns each GPU's MIG devices."""
-    spec = {str(g): [[GI_PROFILE[p], CI_PROFILE[p]] for p in profiles] for g, profiles in layout.items()}
-    run_python(env, LAYOUT_SCRIPT, json.dumps(spec), "enable")
-    for gpu in layout:
-        inject(root, "gpu", str(gpu), "reset")
-    made = json.loads(run_python(env, LAYOUT_SCRIPT, json.dumps(spec), "create"))
-    return {int(g): devices for g, devices in made.items()}
 
 
 @dataclass
@@ -118,7 +74,7 @@ class Node:
 def make_node(fixture: str, layout: dict[int, list[str]]) -> Node:
     root = os.path.join(short_dir("mig"), "root")
     env = materialize_sim(fixture, root)
-    migs = make_layout(root, env, layout) if layout else {}
+    migs = miglayout.make_layout(root, layout) if layout else {}
     with open(os.path.join(root, "machine.json")) as f:
         gpus = json.load(f)["gpus"]
     uuids = [g["uuid"] for g in sorted(gpus, key=lambda g: g["index"])]
