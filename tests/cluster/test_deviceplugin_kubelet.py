@@ -184,9 +184,11 @@ def start_plugin(
 
 # -- pods ---------------------------------------------------------------------------------------------------
 
-# Prints what the container sees, then stays up (a running pod keeps its devices allocated).
+# Prints what the container sees (GPU, control and MIG capability nodes), then stays up (a running pod keeps
+# its devices allocated).
 _REPORT = (
-    f'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls -l /dev/nvidia* 2>&1; echo {REPORT_DONE}; exec sleep 3600'
+    'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls -l /dev/nvidia* /dev/nvidia-caps/* 2>&1; '
+    f"echo {REPORT_DONE}; exec sleep 3600"
 )
 
 
