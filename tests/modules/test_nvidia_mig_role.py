@@ -124,7 +124,9 @@ def events(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
 # -- tests ----------------------------------------------------------------------------------------------
 
 
-def test_role_applies_writes_the_node_files_and_reapplies_unchanged(sim_lib: Path, tmp_path: Path) -> None:
+def test_role_applies_writes_the_node_files_and_the_boot_unit_and_reapplies_unchanged(
+    sim_lib: Path, tmp_path: Path
+) -> None:
     root = materialize(sim_lib, tmp_path, "dgx-a100")
     role_vars = {"nvidia_mig_config": CONFIG, "nvidia_mig_layout": "all-1g.10gb"}
     rc, first, out = run_role(root, role_vars)
@@ -137,17 +139,7 @@ def test_role_applies_writes_the_node_files_and_reapplies_unchanged(sim_lib: Pat
     assert (paths["nvidia_mig_config_dir"] / "layout").read_text() == "all-1g.10gb\n"
     shipped = paths["nvidia_mig_lib_dir"] / "mig_layout.py"
     assert shipped.read_bytes() == (REPO / "plugins/module_utils/mig_layout.py").read_bytes()
-    rc, second, out = run_role(root, role_vars)
-    assert rc == 0, out
-    assert second["changed"] == 0, out
-
-
-def test_boot_unit_orders_the_layout_before_the_kubelet_and_the_device_plugin(
-    sim_lib: Path, tmp_path: Path
-) -> None:
-    root = materialize(sim_lib, tmp_path, "hgx-h100")
-    rc, _, out = run_role(root, {"nvidia_mig_config": CONFIG, "nvidia_mig_layout": "all-disabled"})
-    assert rc == 0, out
+    # The boot unit orders the layout before the kubelet and the device plugin.
     u = unit(root)
     before, after = u["Unit"]["Before"].split(), u["Unit"]["After"].split()
     assert {"kubelet.service", "gpufleet-device-plugin.service"} <= set(before)
@@ -162,9 +154,16 @@ def test_boot_unit_orders_the_layout_before_the_kubelet_and_the_device_plugin(
     # The device plugin's unit name is the one gpufleet_kubernetes installs in systemd mode.
     dp_tasks = (REPO / "roles/gpufleet_kubernetes/tasks/device-plugin-systemd.yml").read_text()
     assert "dest: /etc/systemd/system/gpufleet-device-plugin.service" in dp_tasks
+    rc, second, out = run_role(root, role_vars)
+    assert rc == 0, out
+    assert second["changed"] == 0, out
 
 
-def test_boot_applier_recreates_lost_instances_and_is_idempotent(sim_lib: Path, tmp_path: Path) -> None:
+def test_boot_applier_recreates_lost_instances_is_idempotent_and_fails_clearly(
+    sim_lib: Path, tmp_path: Path
+) -> None:
+    """One role run (each costs an ansible-playbook), then the applier as the unit runs it: after a reboot,
+    then unchanged, then with a layout that cannot fit and a name the config lacks (nothing changes)."""
     root = materialize(sim_lib, tmp_path, "dgx-a100")
     rc, _, out = run_role(root, {"nvidia_mig_config": CONFIG, "nvidia_mig_layout": "all-balanced"})
     assert rc == 0, out
@@ -185,11 +184,6 @@ def test_boot_applier_recreates_lost_instances_and_is_idempotent(sim_lib: Path, 
     assert events(again)[-1] == {"event": "applied", "layout": "all-balanced", "changed": False}
     assert smi_list(root) == {g: Counter(balanced) for g in range(8)}
 
-
-def test_boot_applier_fails_clearly_and_changes_nothing(sim_lib: Path, tmp_path: Path) -> None:
-    root = materialize(sim_lib, tmp_path, "dgx-a100")
-    rc, _, out = run_role(root, {"nvidia_mig_config": CONFIG, "nvidia_mig_layout": "gpu0-2g"})
-    assert rc == 0, out
     before = state(root)
     layout_file = Path(node_paths(root)["nvidia_mig_config_dir"]) / "layout"
     layout_file.write_text("too-many\n")
