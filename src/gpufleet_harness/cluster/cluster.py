@@ -37,7 +37,7 @@ from kubernetes import client as k8s
 from gpufleet_harness.cluster import pki
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import KubeletNode, remove_node_leftovers
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_ok, wait_for
+from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_found, http_ok, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,12 @@ class ControlPlane:
         )  # fmt: skip
         wait_for("kube-controller-manager /healthz", lambda: http_ok(f"https://127.0.0.1:{self.cm_port}/healthz"),
                  60, alive=cm.check)  # fmt: skip
+        # Admission refuses every pod in `default` until the service-account controller has made its account
+        # (a test whose first act is creating a pod failed on that: "serviceaccount default not found").
+        account = f"{self.url}/api/v1/namespaces/default/serviceaccounts/default"
+        admin = self.users["admin"].token
+        wait_for("service account default/default", lambda: http_found(account, token=admin), 60,
+                 interval=0.2, alive=cm.check)  # fmt: skip
 
     def _daemon(self, name: str, argv: Sequence[str | os.PathLike[str]], **kwargs: Any) -> Daemon:
         daemon = Daemon(name, argv, self.logs / f"{name}.log", **kwargs)

@@ -172,17 +172,29 @@ _INSECURE.check_hostname = False
 _INSECURE.verify_mode = ssl.CERT_NONE
 
 
-def http_ok(url: str, *, token: str | None = None, ca_file: Path | None = None) -> bool:
-    """True when ``url`` answers 200 with body ``ok`` (Kubernetes health endpoints)."""
+def _http_get(url: str, token: str | None, ca_file: Path | None) -> tuple[int, bytes] | None:
+    """(status, body) of a GET of ``url``, or None when it does not answer."""
     request = urllib.request.Request(url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else _INSECURE
     try:
         with urllib.request.urlopen(request, timeout=2, context=context) as response:
-            return bool(response.status == 200 and response.read().strip() == b"ok")
+            return response.status, response.read()
     except (urllib.error.URLError, OSError):
-        return False
+        return None
+
+
+def http_ok(url: str, *, token: str | None = None, ca_file: Path | None = None) -> bool:
+    """True when ``url`` answers 200 with body ``ok`` (Kubernetes health endpoints)."""
+    got = _http_get(url, token, ca_file)
+    return got is not None and got[0] == 200 and got[1].strip() == b"ok"
+
+
+def http_found(url: str, *, token: str | None = None, ca_file: Path | None = None) -> bool:
+    """True when ``url`` answers 200 (an API object that exists)."""
+    got = _http_get(url, token, ca_file)
+    return got is not None and got[0] == 200
 
 
 def run(argv: Sequence[str | os.PathLike[str]], **kwargs: object) -> subprocess.CompletedProcess[str]:
