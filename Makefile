@@ -4,7 +4,7 @@ VENV := .venv/bin
 # Tools in the venv call each other (ansible-lint runs ansible-playbook, pytest runs molecule...).
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: bootstrap lab test lint unit
+.PHONY: bootstrap lab lab-build test lint unit
 
 bootstrap:
 	@scripts/bootstrap
@@ -17,11 +17,15 @@ lab: bootstrap
 	$(VENV)/gpufleet lab up
 	$(VENV)/ansible-playbook site.yml
 
-## Everything CI runs: linters, then the whole test suite.
+## Everything CI runs: linters beside the lab's build (a cold Kubernetes build and image pulls leave a core
+## to spare), then the whole test suite. Either failing fails the run (make -j waits for the other first).
 ## pytest -n 3: three pytest-xdist workers (docs/testing.md): the lab tests, the molecule scenarios, the rest.
-test: bootstrap lint
-	$(VENV)/gpufleet lab build
+test: bootstrap
+	$(MAKE) --no-print-directory -j2 -Otarget lint lab-build
 	$(VENV)/pytest -n 3
+
+lab-build:
+	$(VENV)/gpufleet lab build
 
 lint:
 	$(VENV)/ruff check src tests plugins bench validation
