@@ -4,7 +4,8 @@ A GPU pod runs ``nvidia-smi -L``, lists its ``/dev/nvidia<N>`` device nodes and,
 ``nvidia-smi topo -m``; the checks read its log. Pod settings come from the expectations' ``cluster``
 section: ``namespace`` (created if missing), ``workload.image`` (it needs ``sh``; ``nvidia-smi`` is
 injected by the NVIDIA container runtime, or part of the image), ``workload.image_pull_policy``,
-``workload.env``, ``workload.volumes`` (hostPath), ``workload.runtime_class_name``, ``workload.timeout``,
+``workload.env``, ``workload.volumes`` (hostPath), ``workload.runtime_class_name`` (a host's own
+``runtime_class`` expectation wins), ``workload.timeout``,
 ``workload.output``: ``log`` (default: the pod's log, which the API server fetches from the kubelet) or
 ``termination_message`` (the pod writes what it saw to ``/dev/termination-log`` and the kubelet reports it
 in the pod's status: for clusters where the API server cannot reach kubelets, such as the lab's).
@@ -124,19 +125,31 @@ class Cluster:
         node: str | None = None,
         annotations: dict[str, str] | None = None,
         topology: bool = False,
+        runtime_class: str | None = None,
     ) -> PodRun:
-        """Run a GPU pod to completion (or timeout) and return what it saw."""
-        name = self._create_gpu_pod(purpose, limits, node=node, annotations=annotations, topology=topology)
+        """Run a GPU pod to completion (or timeout) and return what it saw. ``runtime_class``: the pod's
+        runtimeClassName (else ``workload.runtime_class_name``, else none)."""
+        name = self._create_gpu_pod(
+            purpose,
+            limits,
+            node=node,
+            annotations=annotations,
+            topology=topology,
+            runtime_class=runtime_class,
+        )
         return self._wait(name, self._timeout)
 
     def run_gpu_pods_at_once(
-        self, purpose: str, count: int, limits: dict[str, str], *, node: str
+        self, purpose: str, count: int, limits: dict[str, str], *, node: str, runtime_class: str | None = None
     ) -> list[PodRun]:
         """Run ``count`` GPU pods that hold their devices until every one of them is running, then return
         what each saw. Each pod waits for the annotation :data:`RELEASE` in its downward-API volume, set
         only once all ``count`` were seen Running together, so they held their devices at the same time.
         A pod never released (others did not start) gives up after the workload timeout; its run fails."""
-        names = [self._create_gpu_pod(f"{purpose}{n}", limits, node=node, hold=True) for n in range(count)]
+        names = [
+            self._create_gpu_pod(f"{purpose}{n}", limits, node=node, hold=True, runtime_class=runtime_class)
+            for n in range(count)
+        ]
         deadline = time.monotonic() + self._timeout
 
         def running() -> list[str]:
@@ -163,6 +176,7 @@ class Cluster:
         annotations: dict[str, str] | None = None,
         topology: bool = False,
         hold: bool = False,
+        runtime_class: str | None = None,
     ) -> str:
         self._ensure_namespace()
         name = f"gpufleet-validate-{purpose}-{secrets.token_hex(3)}"[:63]
@@ -210,8 +224,9 @@ class Cluster:
         }
         if node:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-        if self.workload.get("runtime_class_name"):
-            spec["runtimeClassName"] = self.workload["runtime_class_name"]
+        runtime_class = runtime_class or self.workload.get("runtime_class_name")
+        if runtime_class:
+            spec["runtimeClassName"] = str(runtime_class)
         body = {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
         self.core.create_namespaced_pod(self.namespace, body)  # type: ignore[arg-type]
         self._pods.append(name)

@@ -35,6 +35,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpufleet"
 LAST_APPLIED = "gpufleet.io/last-applied"
 MERGE_PATCH = "application/merge-patch+json"
+# Kinds never adopted when someone else made them: state=absent would then delete a namespace with all it
+# holds, or the RuntimeClass `nvidia` the GPU Operator (or an administrator) created for every GPU pod.
+NOT_ADOPTED = ("Namespace", "RuntimeClass")
 
 
 @dataclass
@@ -239,8 +242,7 @@ def _apply_one(kube: Kube, obj: Mapping[str, Any], check_mode: bool) -> Change:
             )
         return Change(res.kind, name, namespace, "created", None, want)
     labels = (live.get("metadata") or {}).get("labels") or {}
-    if res.kind == "Namespace" and labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
-        # Never adopt a namespace someone else made: state=absent would then delete it with all it holds.
+    if res.kind in NOT_ADOPTED and labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
         return Change(res.kind, name, namespace, "unchanged", note="exists and is not gpufleet's: left as is")
     last = _last_applied(live)
     patch = merge_patch(want, live, last)

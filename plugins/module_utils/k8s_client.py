@@ -114,6 +114,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("ClusterRoleBinding", "rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
         Resource("Role", "rbac.authorization.k8s.io/v1", "roles", True),
         Resource("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings", True),
+        Resource("RuntimeClass", "node.k8s.io/v1", "runtimeclasses", False),
     )
 }
 

@@ -89,6 +89,15 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "node_selector": {"type": "dict", "default": {}},
     "tolerations": {"type": "list", "elements": "dict"},
     "priority_class_name": {"type": "str", "default": "system-node-critical"},
+    "runtime_class_name": {"type": "str", "default": ""},
+    "runtime_class": {
+        "type": "dict",
+        "options": {
+            "name": {"type": "str", "default": "nvidia"},
+            "handler": {"type": "str", "default": "nvidia"},
+            "node_selector": {"type": "dict", "default": {}},
+        },
+    },
     "resources": {"type": "dict"},
     "host_root": {"type": "path", "default": "/"},
     "env": {"type": "dict", "default": {}},
@@ -391,6 +400,23 @@ def build_objects(
     return wanted, unwanted
 
 
+def runtime_class_objects(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The RuntimeClass of ``runtime_class`` (none when it is not given): GPU pods that name it run with the
+    containerd/CRI-O runtime handler of that name, the GPU Operator's way when nvidia is not the default."""
+    wanted = params.get("runtime_class")
+    if not wanted:
+        return []
+    obj: dict[str, Any] = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": wanted["name"], "labels": {"app.kubernetes.io/part-of": "gpufleet"}},
+        "handler": wanted["handler"],
+    }
+    if wanted.get("node_selector"):
+        obj["scheduling"] = {"nodeSelector": {str(k): str(v) for k, v in wanted["node_selector"].items()}}
+    return [obj]
+
+
 def _role_and_binding(
     kind: str, meta: Mapping[str, Any], rules: list[dict[str, Any]], subjects: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -458,6 +484,8 @@ def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
     }
     if params["priority_class_name"]:
         spec["priorityClassName"] = params["priority_class_name"]
+    if params.get("runtime_class_name"):
+        spec["runtimeClassName"] = params["runtime_class_name"]
     if params["node_selector"]:
         spec["nodeSelector"] = {str(k): str(v) for k, v in params["node_selector"].items()}
     if params["host_network"]:
@@ -639,6 +667,7 @@ def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> tuple[
     named = named_configs(cfg)
     daemonset = params["mode"] == "daemonset"
     wanted, unwanted = build_objects(params, cfg) if daemonset else ([], [])
+    wanted = runtime_class_objects(params) + wanted  # before the pods that may name it
     if params["state"] == "absent":
         timeout = params["wait_timeout"] if params["wait"] else 0
         removed = delete(kube, wanted + unwanted, check_mode=check_mode, wait_timeout=timeout)

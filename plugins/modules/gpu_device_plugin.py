@@ -100,6 +100,38 @@ options:
     description: The pods' priorityClassName; an empty string sets none.
     type: str
     default: system-node-critical
+  runtime_class_name:
+    description:
+      - The plugin pods' runtimeClassName (NVIDIA's chart calls it C(runtimeClassName)); an empty string sets
+        none.
+      - The image has no NVML of its own and gets it from the host through the NVIDIA container runtime. Set
+        this (usually to V(nvidia), see O(runtime_class)) where nvidia is not the nodes' default runtime.
+    type: str
+    default: ""
+  runtime_class:
+    description:
+      - A C(node.k8s.io/v1) RuntimeClass this module creates (V(present), in both modes) and deletes
+        (V(absent)). GPU pods that name it run with the runtime handler of that name, the GPU Operator's way
+        when runc stays the default runtime (C(nvidia_container_toolkit_default_runtime=false)).
+      - An existing RuntimeClass of that name that gpufleet did not create is left as it is, and never
+        deleted. The handler of an existing one cannot change (the API server refuses it).
+      - Not given - no RuntimeClass is created or deleted.
+    type: dict
+    suboptions:
+      name:
+        description: The RuntimeClass's name, which pods give as C(runtimeClassName).
+        type: str
+        default: nvidia
+      handler:
+        description: The runtime handler - containerd's C(runtimes.<handler>), CRI-O's C(runtimes) entry.
+        type: str
+        default: nvidia
+      node_selector:
+        description:
+          - C(scheduling.nodeSelector) - labels a node must have to run pods that name the RuntimeClass (in a
+            mixed fleet, keeps them off nodes without the handler, such as dockershim nodes).
+        type: dict
+        default: {}
   resources:
     description:
       - The container's resources.
@@ -240,6 +272,14 @@ EXAMPLES = r"""
   delegate_to: localhost
   run_once: true
 
+- name: Nodes where runc stays the default runtime - GPU pods (and the plugin's) name the RuntimeClass nvidia
+  gpufleet.nvidia.gpu_device_plugin:
+    runtime_class:
+      name: nvidia
+      handler: nvidia
+    runtime_class_name: nvidia
+  delegate_to: localhost
+  run_once: true
 - name: Remove the device plugin
   gpufleet.nvidia.gpu_device_plugin:
     state: absent
@@ -265,7 +305,8 @@ objects:
   elements: dict
   contains:
     kind:
-      description: Object kind (V(Node) for the configuration label of O(node_configs)).
+      description: Object kind (V(Node) for the configuration label of O(node_configs); V(RuntimeClass) for
+        O(runtime_class)).
       type: str
       sample: DaemonSet
     name:
@@ -329,8 +370,8 @@ def main() -> None:
         result["resource"] = default_shape(plugin_config(params)).resource
     except ParameterError as exc:
         module.fail_json(msg=str(exc), **result)
-    if params["mode"] == "systemd" and not waits and not params["node_configs"]:
-        module.exit_json(**result)  # in systemd mode only node labels in the cluster are this module's
+    if params["mode"] == "systemd" and not waits and not params["node_configs"] and not params["runtime_class"]:
+        module.exit_json(**result)  # in systemd mode only node labels and the RuntimeClass are this module's
     kube, applied = reconcile_or_fail(module, reconcile, result, (ParameterError,))
     if module._diff:
         result["diff"] = applied.diffs()

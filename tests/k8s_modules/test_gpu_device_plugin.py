@@ -4,6 +4,7 @@ image on real kubelets with simulated GPUs (and as a process, for systemd mode).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -113,6 +114,72 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
     assert name not in {n.metadata.name for n in core.list_namespace().items}
     again = run_tasks([{MODULE: {**args, "state": "absent"}}], tmp_path).task()
     assert not again["changed"] and {o["action"] for o in again["objects"]} == {"absent"}
+
+
+def test_runtime_class_is_created_named_by_the_pods_left_alone_when_foreign_and_removed(
+    stack: LabStack, tmp_path: Path
+) -> None:
+    """The RuntimeClass of ``runtime_class`` (node.k8s.io/v1, served by the 1.20 API server) with its handler
+    and scheduling; the plugin pods name ``runtime_class_name``; a second run changes nothing; one that
+    gpufleet did not create is neither adopted nor deleted; absent removes gpufleet's. Three playbook runs
+    (several module tasks each)."""
+    name = f"dp-{secrets.token_hex(3)}"
+    ours, foreign = f"nvidia-{name}", f"other-{name}"
+    node_api = k8s.NodeV1Api(stack.control_plane.api_client())
+    wanted = {"name": ours, "handler": "nvidia", "node_selector": {"gpufleet.io/runtime-class": "nvidia"}}
+    args = admin_args(stack, name, wait=False, node_selector={"gpufleet.io/none": "x"})
+    args |= {"runtime_class": wanted, "runtime_class_name": ours}
+    node_api.create_runtime_class({"metadata": {"name": foreign}, "handler": "crun"})
+    removed = False
+    try:
+        check = run_tasks([{MODULE: args}], tmp_path, args=["--check"]).task()
+        assert ("RuntimeClass", "created") in object_actions(check)
+        names = {rc.metadata.name for rc in node_api.list_runtime_class().items}
+        assert ours not in names, "check mode wrote"
+
+        both = run_tasks([{MODULE: args}, {MODULE: args}], tmp_path)
+        first, second = both.task(0), both.task(1)
+        assert object_actions(first)[0] == ("RuntimeClass", "created"), "before the pods that name it"
+        live = _plain(node_api.read_runtime_class(ours))
+        assert live["handler"] == "nvidia"
+        assert live["scheduling"]["nodeSelector"] == {"gpufleet.io/runtime-class": "nvidia"}
+        assert live["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpufleet"
+        apps = k8s.AppsV1Api(stack.control_plane.api_client())
+        pod = _plain(apps.read_namespaced_daemon_set(name, name))["spec"]["template"]["spec"]
+        assert pod["runtimeClassName"] == ours
+        assert not second["changed"], second
+
+        other = {**args, "runtime_class": {"name": foreign}, "runtime_class_name": ""}
+        done = run_tasks(
+            [
+                {MODULE: other},
+                {MODULE: {**other, "state": "absent", "wait": True, "wait_timeout": 60}},
+                {MODULE: {**args, "state": "absent"}},
+            ],
+            tmp_path,
+        )
+        kept = [o for o in done.task(0)["objects"] if o["kind"] == "RuntimeClass"]
+        assert kept == [
+            {
+                "kind": "RuntimeClass",
+                "name": foreign,
+                "namespace": None,
+                "action": "unchanged",
+                "note": "exists and is not gpufleet's: left as is",
+            }
+        ], done.task(0)
+        assert ("RuntimeClass", "skipped") in object_actions(done.task(1))
+        foreign_live = _plain(node_api.read_runtime_class(foreign))
+        assert foreign_live["handler"] == "crun" and "labels" not in foreign_live["metadata"]
+        removed = ("RuntimeClass", "deleted") in object_actions(done.task(2))
+        assert removed, done.task(2)
+        assert ours not in {rc.metadata.name for rc in node_api.list_runtime_class().items}
+    finally:
+        if not removed:
+            run_tasks([{MODULE: {**args, "state": "absent"}}], tmp_path)
+        for leftover in (ours, foreign):
+            with contextlib.suppress(ApiException):
+                node_api.delete_runtime_class(leftover)
 
 
 def _event_role(rbac: k8s.RbacAuthorizationV1Api, name: str) -> dict[str, Any] | None:

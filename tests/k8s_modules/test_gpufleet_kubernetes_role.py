@@ -75,9 +75,10 @@ PLUGIN_CONFIG = {
 
 def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, tmp_path: Path) -> None:
     """An unknown configuration name fails before anything is deployed; the name set per group labels gpu-a,
-    whose plugin then advertises that configuration's devices (8 GPUs x 2), and the extender and the
-    scheduler configuration roll out; a second run changes nothing; the name taken away removes the role's
-    label and gpu-a is back on the default, live; absent undoes it all and leaves no label."""
+    whose plugin then advertises that configuration's devices (8 GPUs x 2), the RuntimeClass nvidia is made,
+    and the extender and the scheduler configuration roll out; a second run changes nothing; the name taken
+    away removes the role's label and gpu-a is back on the default, live; absent undoes it all and leaves no
+    label."""
     nodes = stack.nodes()
     cp = stack.control_plane
     core = cp.core_v1()
@@ -167,6 +168,8 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
             == 1
         )
         assert f"--config={config_file}" in runner.argv() and runner.restarts == 1
+        runtime_class = k8s.NodeV1Api(cp.api_client()).read_runtime_class("nvidia")  # the role's default
+        assert runtime_class.handler == "nvidia"
         node = core.read_node("gpu-a")
         assert node.metadata.labels[CONFIG_LABEL] == "sliced"
         assert node.status.allocatable["nvidia.com/gpu"] == "16"  # the role's wait saw 8 GPUs x 2
@@ -193,6 +196,8 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
         assert yaml.safe_load(manifest.read_text()) == yaml.safe_load(original) and not config_file.exists()
         assert "gpufleet-role" not in {n.metadata.name for n in core.list_namespace().items}
         assert labelled() is None
+        runtime_classes = k8s.NodeV1Api(cp.api_client()).list_runtime_class().items
+        assert "nvidia" not in {rc.metadata.name for rc in runtime_classes}
     finally:
         if not removed:
             _playbook(inventory({}, {}), "-e", "gpufleet_kubernetes_state=absent")

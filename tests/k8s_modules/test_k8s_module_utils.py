@@ -187,6 +187,46 @@ def test_named_configurations_add_the_node_watch_and_event_rules(config: dict, c
     assert unwanted == []
 
 
+def test_runtime_class_object_and_the_plugin_pods_runtime_class_name() -> None:
+    assert k8s_deviceplugin.runtime_class_objects(_dp_params()) == []
+    wanted = {"name": "nvidia", "handler": "nvidia", "node_selector": {"runtime": "containerd"}}
+    params = _dp_params(runtime_class=wanted, runtime_class_name="nvidia")
+    (obj,) = k8s_deviceplugin.runtime_class_objects(params)
+    assert obj["apiVersion"] == "node.k8s.io/v1" and obj["kind"] == "RuntimeClass"
+    assert obj["handler"] == "nvidia" and obj["scheduling"] == {"nodeSelector": {"runtime": "containerd"}}
+    assert k8s_client.resource_for(obj).path(None).endswith("/apis/node.k8s.io/v1/runtimeclasses")
+    plain = k8s_deviceplugin.runtime_class_objects(_dp_params(runtime_class={**wanted, "node_selector": {}}))
+    assert "scheduling" not in plain[0]
+    shape = k8s_deviceplugin.shape_of(k8s_deviceplugin.plugin_config(params))
+    assert k8s_deviceplugin.pod_spec(params, shape)["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in k8s_deviceplugin.pod_spec(_dp_params(), shape)
+
+
+class _OneObject:
+    """A Kube that holds one live object and records any write."""
+
+    def __init__(self, live: dict[str, Any]) -> None:
+        self.live, self.writes = live, []
+
+    def get(self, res: Any, name: str, namespace: str | None) -> dict[str, Any] | None:
+        return self.live if name == self.live["metadata"]["name"] else None
+
+    def request(self, method: str, *args: Any, **kwargs: Any) -> None:
+        self.writes.append(method)
+
+
+def test_a_runtime_class_someone_else_made_is_neither_adopted_nor_deleted() -> None:
+    foreign = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+               "handler": "nvidia"}  # fmt: skip
+    kube = _OneObject(foreign)
+    params = _dp_params(runtime_class={"name": "nvidia", "handler": "x", "node_selector": {}})
+    wanted = k8s_deviceplugin.runtime_class_objects(params)
+    (kept,) = k8s_apply.apply(kube, wanted, check_mode=False).changes  # type: ignore[arg-type]
+    assert (kept.action, kept.note) == ("unchanged", "exists and is not gpufleet's: left as is")
+    (skipped,) = k8s_apply.delete(kube, wanted, check_mode=False).changes  # type: ignore[arg-type]
+    assert skipped.action == "skipped" and kube.writes == []
+
+
 def test_without_named_configurations_the_event_role_is_removed() -> None:
     params = _dp_params(plugin_config={})
     wanted, unwanted = k8s_deviceplugin.build_objects(params, k8s_deviceplugin.plugin_config(params))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from runnerkit import LOCAL, REPO, CliRun, play, write_inventory, write_playbook
 
-from gpufleet.validation.report import Check, Report, write_report
+from gpufleet.validation.report import Check, Report, mode_label, write_report
 from gpufleet_harness.sim import control as simcontrol
 from gpufleet_harness.sim import machine as simmachine
 
@@ -103,10 +103,12 @@ def test_validate_rejects_unknown_suites_and_notices_a_missing_report(
     assert doc["hosts"]["h"]["failed"] == 0
 
 
-def _report(directory: Path, outcomes: dict[tuple[str, str], str], problems: tuple[str, ...] = ()) -> Path:
+def _report(directory: Path, outcomes: dict[tuple[str, str], str], problems: tuple[str, ...] = (),
+            modes: dict[str, str] | None = None) -> Path:
     checks = [Check("host", target, name, outcome, message=f"{name} on {target} was {outcome}")
               for (target, name), outcome in outcomes.items()]
-    write_report(Report(checks=checks, problems=list(problems), suites=("host", "runtime")), directory)
+    suites = ("host", "runtime")
+    write_report(Report(checks=checks, problems=list(problems), suites=suites, modes=modes or {}), directory)
     return directory
 
 
@@ -130,10 +132,16 @@ def test_report_prints_the_last_report_and_exits_by_its_result(gpufleet: Gpuflee
     errored = _report(tmp_path / "errored", {("a", "driver"): "error"}, ("a: unreachable",))
     assert gpufleet("report", "--report-dir", str(errored)).rc == 1
 
-    # report.txt gone: the table is rebuilt from report.json
+    # report.txt gone: the table is rebuilt from report.json, with each host's mode when the run had them
+    modes = {"a": "whole", "b": mode_label({"sharing": "time-slicing", "replicas": 4})}
+    red = _report(tmp_path / "red", {("a", "driver"): "failed", ("b", "driver"): "passed"}, modes=modes)
     (red / "report.txt").unlink()
     rebuilt = gpufleet("report", "--report-dir", str(red))
     assert rebuilt.rc == 1 and "FAIL 0/1" in rebuilt.out
+    rows = {line.split()[0]: line.split() for line in rebuilt.out.splitlines() if line.split()}
+    assert rows["HOST"][:2] == ["HOST", "MODE"]
+    assert rows["a"][:2] == ["a", "whole"] and rows["b"][:3] == ["b", "sliced", "x4"]
+    assert mode_label({"sharing": "memory"}) == "memory" and mode_label({}) == "whole"
 
 
 def test_report_without_a_readable_report_exits_2(gpufleet: Gpufleet, tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ def test_validate_playbook_passes_then_fails_naming_the_stopped_fabric_manager(
         "1",
         "nvidia.com/gpu",
     )
+    assert not expected["runtime_class"]  # nvidia is the default runtime: pods name no RuntimeClass
 
     simcontrol.inject(sim_base / "dgx-a100", ["fabricmanager", "stopped"])
     bad = _playbook(sim_base, report)
@@ -101,15 +102,19 @@ def test_expectations_follow_the_device_plugin_configuration_the_host_picks(
     sim_base: Path, tmp_path: Path
 ) -> None:
     """The host's named configuration (gpufleet_device_plugin_config_name) is what validation expects: its
-    sharing mode, time-slicing replicas and resource name. Only the expectations are read (no suite runs
+    sharing mode, time-slicing replicas and resource name; and, with runc the default runtime, the
+    RuntimeClass its GPU pods name. Only the expectations are read (no suite runs
     that needs a host: the cluster suite without a cluster section skips)."""
     report = tmp_path / "report"
     run = _playbook(
         sim_base, report, "-e", json.dumps({"gpufleet_kubernetes_device_plugin_config": NAMED,
                                             "gpufleet_device_plugin_config_name": "sliced",
+                                            "nvidia_container_toolkit_default_runtime": False,
                                             "gpufleet_validation_suites": "cluster"}),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]
     hosts = yaml.safe_load((report / "expectations.yml").read_text())["hosts"]
     found = {name: (h["sharing"], str(h["replicas"]), h["resource"]) for name, h in hosts.items()}
     assert found == dict.fromkeys(["sim-dgx-a100", "sim-pcie-2x-t4"], ("time-slicing", "4", "x.io/gpu"))
+    # runc left the default by the toolkit: the GPU pods name the RuntimeClass the collection makes
+    assert {h["runtime_class"] for h in hosts.values()} == {"nvidia"}

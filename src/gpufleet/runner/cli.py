@@ -221,7 +221,8 @@ def load_report(directory: Path) -> tuple[dict[str, Any], Report]:
     hosts = doc.get("hosts") or {}
     suites = next((tuple(v) for v in hosts.values() if isinstance(v, Mapping)), SUITES)
     checks = [Check(**{k: c[k] for k in Check.__dataclass_fields__ if k in c}) for c in doc["checks"]]
-    return doc, Report(checks=checks, problems=list(doc.get("problems") or []), suites=suites)
+    modes = {str(k): str(v) for k, v in (doc.get("modes") or {}).items()}
+    return doc, Report(checks=checks, problems=list(doc.get("problems") or []), suites=suites, modes=modes)
 
 
 def _report_text(directory: Path, report: Report) -> str:

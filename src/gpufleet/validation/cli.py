@@ -24,6 +24,7 @@ from gpufleet.validation.report import (
     Report,
     checks_from,
     load_expectations,
+    mode_label,
     write_report,
 )
 
@@ -111,7 +112,8 @@ def run_validation(
     unknown = sorted(set(suites) - set(SUITES))
     directory = directory or suites_dir()
     try:
-        load_expectations(expectations)
+        hosts = load_expectations(expectations)["hosts"]
+        report.modes = {name: mode_label(want) for name, want in hosts.items()}
     except (OSError, ValueError) as exc:
         report.problems.append(f"expectations {expectations}: {exc}")
     if unknown:

@@ -41,6 +41,8 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     suites: tuple[str, ...] = SUITES
+    # host → how it serves its GPUs (mode_label); the table shows a MODE column when any host has one
+    modes: dict[str, str] = field(default_factory=dict)
 
     def exit_code(self) -> int:
         """0: every check passed or was skipped; 1: a check failed; 2: nothing failed but something could
@@ -72,6 +74,7 @@ class Report:
             "counts": counts,
             "problems": self.problems,
             "hosts": {t: self._host_summary(t) for t in self.targets()},
+            **({"modes": dict(self.modes)} if self.modes else {}),
             "checks": [asdict(c) for c in self.checks],
         }
 
@@ -95,13 +98,17 @@ class Report:
 
     def table(self) -> str:
         """The per-host table, then each failure and error wrapped to 80 columns."""
+        mode_width = max([len("MODE"), *(len(m) for m in self.modes.values())]) + 2 if self.modes else 0
         host_width = max([len("HOST"), *(len(t) for t in self.targets())])
-        host_width = min(host_width, WIDTH - 4 - 13 * len(self.suites))
-        lines = [f"{'HOST':<{host_width}}  " + "".join(f"{s.upper():<13}" for s in self.suites)]
+        # the last suite's cell needs 11 columns at most (``ERROR 12/12``; lines are right-stripped)
+        host_width = min(host_width, WIDTH - 2 - mode_width - 13 * (len(self.suites) - 1) - 11)
+        mode_head = f"{'MODE':<{mode_width}}" if mode_width else ""
+        lines = [f"{'HOST':<{host_width}}  {mode_head}" + "".join(f"{s.upper():<13}" for s in self.suites)]
         for target in self.targets():
             name = target if len(target) <= host_width else target[: host_width - 1] + "~"
+            mode = f"{self.modes.get(target, '-'):<{mode_width}}" if mode_width else ""
             lines.append(
-                f"{name:<{host_width}}  " + "".join(f"{self.cell(target, s):<13}" for s in self.suites)
+                f"{name:<{host_width}}  {mode}" + "".join(f"{self.cell(target, s):<13}" for s in self.suites)
             )
         lines = [line.rstrip() for line in lines]
         bad = [c for c in self.checks if c.outcome in ("failed", "error")]
@@ -118,6 +125,15 @@ class Report:
         lines.append("")
         lines.append(f"result: {self.status} (exit {self.exit_code()})")
         return "\n".join(lines) + "\n"
+
+
+def mode_label(expected: Mapping[str, Any]) -> str:
+    """How a host serves its GPUs, from its expectations: ``whole``, ``memory`` (GPU-memory sharing through
+    the extender) or ``sliced xN`` (time-slicing, N devices per GPU)."""
+    sharing = str(expected.get("sharing") or "none")
+    if sharing == "time-slicing":
+        return f"sliced x{expected.get('replicas') or 2}"
+    return {"none": "whole"}.get(sharing, sharing)
 
 
 def write_report(report: Report, directory: Path) -> dict[str, Path]:
