@@ -31,6 +31,8 @@ def test_spec_rejects_bad_names_and_host_sets(tmp_path: Path) -> None:
         LabSpec(hosts=(HostSpec("a", "pcie-2x-t4"),))
     with pytest.raises(ValueError, match="runtime 'crio'"):
         HostSpec("a", "pcie-2x-t4", runtime="crio")
+    with pytest.raises(ValueError, match="a RuntimeClass needs containerd"):
+        HostSpec("a", "pcie-2x-t4", runtime="docker", runtime_class=True)
     spec = LabSpec(name="x1", state_dir=tmp_path)
     assert spec.container(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4"
     assert spec.volume(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4-docker"
@@ -41,8 +43,10 @@ def test_spec_rejects_bad_names_and_host_sets(tmp_path: Path) -> None:
 def test_default_lab_runs_containerd_with_one_dockershim_host(monkeypatch: pytest.MonkeyPatch) -> None:
     runtimes = {h.name: h.runtime for h in DEFAULT_HOSTS}
     assert runtimes == {"dgx-a100": "containerd", "pcie-2x-t4": "containerd", "esxi-vm-2x-v100": "docker"}
+    assert [h.name for h in DEFAULT_HOSTS if h.runtime_class] == ["pcie-2x-t4"]
     monkeypatch.setenv("GPUFLEET_LAB_RUNTIME", "docker")
     assert {h.runtime for h in LabSpec.from_env().hosts} == {"docker"}
+    assert not any(h.runtime_class for h in LabSpec.from_env().hosts)  # dockershim: the default runtime only
     monkeypatch.setenv("GPUFLEET_LAB_RUNTIME", "")
     assert {h.name: h.runtime for h in LabSpec.from_env().hosts} == runtimes
 
@@ -166,6 +170,15 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert hostvars["gpufleet_container_runtime"] == "containerd"
     assert "gpufleet_container_runtime" in hostvars["gpufleet_validation_runtime"]
     assert children["gpu_nodes"]["hosts"]["esxi-vm-2x-v100"]["gpufleet_container_runtime"] == "docker"
+    # runc stays the default where GPU pods name the RuntimeClass; the toolkit role reads this
+    gpu_hosts = children["gpu_nodes"]["hosts"]
+    assert gpu_hosts["pcie-2x-t4"]["nvidia_container_toolkit_default_runtime"] is False
+    assert "nvidia_container_toolkit_default_runtime" not in gpu_hosts["dgx-a100"]
+    # each host's mode: a named configuration of the one DaemonSet (group_vars/all.yml has them)
+    picks = {name: h.get("gpufleet_device_plugin_config_name") for name, h in gpu_hosts.items()}
+    assert picks == {"dgx-a100": None, "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced"}
+    named = hostvars["gpufleet_kubernetes_device_plugin_config"]["configs"]["named"]
+    assert {p for p in picks.values() if p} <= set(named)
     assert "gpufleet_target" not in hostvars  # plays pick hosts before group_vars apply: never set it there
 
 

@@ -31,7 +31,7 @@ def test_good_hosts_pass_and_the_report_has_json_junit_and_an_80_column_table(
     assert outcomes[("sim-dgx-a100", "gpu_count")] == "passed"
     assert run.report["status"] == "pass" and run.report["hosts"]["sim-dgx-a100"]["host"] == "PASS 8/8"
     assert all(len(line) <= 80 for line in run.table.splitlines())
-    assert "sim-dgx-a100    PASS 8/8" in run.table and run.table in run.proc.stdout
+    assert "sim-dgx-a100    whole  PASS 8/8" in run.table and run.table in run.proc.stdout
     junit = ET.parse(run.report_dir / "junit.xml").getroot()
     cases = junit.findall(".//testcase")
     assert len(cases) == 18 and not junit.findall(".//failure")

@@ -210,14 +210,19 @@ def _core(kubeconfig: str) -> Any:
 
 
 def node_conditions(kubeconfig: str) -> dict[str, dict[str, Any]]:
-    """Node name → Ready and allocatable GPUs, as the API server reports them."""
+    """Node name → Ready, allocatable GPUs (``nvidia.com/gpu``) and GiB of GPU memory to share
+    (``gpufleet.io/gpu-mem``), as the API server reports them."""
     core = _core(kubeconfig)
     try:
         out = {}
         for node in core.list_node(_request_timeout=10).items:
             ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-            alloc = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
-            out[node.metadata.name] = {"ready": ready, "gpus": int(alloc)}
+            alloc = node.status.allocatable or {}
+            out[node.metadata.name] = {
+                "ready": ready,
+                "gpus": int(alloc.get("nvidia.com/gpu", "0")),
+                "gpu_mem": int(alloc.get("gpufleet.io/gpu-mem", "0")),
+            }
         return out
     finally:
         core.api_client.close()
@@ -253,9 +258,13 @@ def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
     sup = state["supervisor"]
     # gpufleet_container_runtime: the runtime the host's kubelet uses, as its installer set it up
     # (group_vars/all.yml points the runtime validation suite at it).
+    # nvidia_container_toolkit_default_runtime false: runc stays the default, GPU pods name the RuntimeClass
+    # (the validation pods too: playbooks/validate.yml derives it).
     hosts = {
         h.name: {"ansible_host": spec.container(h), "gpufleet_sim_fixture": h.fixture,
                  "gpufleet_container_runtime": h.runtime}
+        | ({"nvidia_container_toolkit_default_runtime": False} if h.runtime_class else {})
+        | ({"gpufleet_device_plugin_config_name": h.device_plugin_config} if h.device_plugin_config else {})
         for h in spec.hosts
     }  # fmt: skip
     groups: dict[str, Any] = {"gpu_nodes": {"hosts": hosts}}

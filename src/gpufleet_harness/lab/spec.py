@@ -28,22 +28,43 @@ class HostSpec:
     groups: tuple[str, ...] = ()
     runs_extender: bool = False
     runtime: str = "containerd"  # one of RUNTIMES: what the kubelet talks to
+    # GPU pods name the RuntimeClass `nvidia` and runc stays containerd's default runtime (the GPU Operator's
+    # other way); else nvidia is the default runtime. containerd only: dockershim runs no other handler.
+    runtime_class: bool = False
+    # The device plugin's named configuration the host picks (inventory/lab/group_vars: whole, memory,
+    # sliced); "" for the default (whole GPUs).
+    device_plugin_config: str = ""
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
             raise ValueError(
                 f"lab host {self.name}: runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}"
             )
+        if self.runtime_class and self.runtime != "containerd":
+            raise ValueError(
+                f"lab host {self.name}: a RuntimeClass needs containerd (dockershim runs no other handler)"
+            )
 
 
 # The GPU hosts run containerd CRI kubelets, as current clusters do. The ESXi guest keeps dockershim: an
 # older-generation (V100) VM fleet is where dockershim nodes linger, and one such host keeps the toolkit
 # role's daemon.json merge proven end to end. The DGX stays on containerd: it runs the extender and the
-# NVLink and fabric manager checks, the paths a current cluster exercises most.
+# NVLink and fabric manager checks, the paths a current cluster exercises most. The T4 host keeps runc as
+# containerd's default and its GPU pods name the RuntimeClass `nvidia`: both ways the GPU Operator supports.
+# One DaemonSet serves each host the mode its configuration label picks: the DGX whole GPUs (NVLink pairs),
+# the T4 host GPU memory shared through the extender, the V100 VM time-sliced GPUs (docs/lab.md).
 DEFAULT_HOSTS = (
     HostSpec("dgx-a100", "dgx-a100", ("nvswitch",), runs_extender=True, runtime="containerd"),
-    HostSpec("pcie-2x-t4", "pcie-2x-t4", runtime="containerd"),
-    HostSpec("esxi-vm-2x-v100", "esxi-vm-2x-v100", ("esxi_guests",), runtime="docker"),
+    HostSpec(
+        "pcie-2x-t4", "pcie-2x-t4", runtime="containerd", runtime_class=True, device_plugin_config="memory"
+    ),
+    HostSpec(
+        "esxi-vm-2x-v100",
+        "esxi-vm-2x-v100",
+        ("esxi_guests",),
+        runtime="docker",
+        device_plugin_config="sliced",
+    ),
 )
 
 
@@ -51,7 +72,10 @@ def with_runtime(hosts: tuple[HostSpec, ...], runtime: str | None) -> tuple[Host
     """``hosts`` all moved to ``runtime`` (GPUFLEET_LAB_RUNTIME); unchanged when it is empty."""
     if not runtime:
         return hosts
-    return tuple(dataclasses.replace(h, runtime=runtime) for h in hosts)
+    return tuple(
+        dataclasses.replace(h, runtime=runtime, runtime_class=h.runtime_class and runtime == "containerd")
+        for h in hosts
+    )
 
 
 @dataclass(frozen=True)
