@@ -24,6 +24,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
+from gpufleet.gpu.topology import parse_matrix
+
 SCRIPT = (
     'echo "== gpus"; {smi} -L; echo "== rc $?"; echo "== devices"; ls /dev | grep -E "^nvidia[0-9]+$"; '
     'echo "== topo"; if [ "{topo}" = 1 ]; then {smi} topo -m; fi; echo "== end"'
@@ -56,7 +58,7 @@ class PodRun:
 
     def parse(self) -> PodRun:
         section = ""
-        header: list[str] = []
+        topo: list[str] = []
         for line in self.log.splitlines():
             if line.startswith("== "):
                 section = line[3:].split()[0]
@@ -65,12 +67,15 @@ class PodRun:
                 self.gpus.append((int(match.group(1)), match.group(2), match.group(3)))
             elif section == "devices" and line.strip():
                 self.devices.append(line.strip())
-            elif section == "topo" and line.strip():
-                cells = [c.strip() for c in line.split("\t")]
-                if not cells[0] and not header:
-                    header = [c for c in cells[1:] if c.startswith("GPU")]
-                elif cells[0].startswith("GPU") and header:
-                    self.topology[cells[0]] = dict(zip(header, cells[1 : 1 + len(header)], strict=False))
+            elif section == "topo":
+                topo.append(line)
+        if topo:
+            # An unreadable matrix leaves the topology empty: the pair check then names no link.
+            with contextlib.suppress(ValueError):
+                matrix = parse_matrix("\n".join(topo))
+                labels = [f"GPU{index}" for index in matrix.indices]
+                for label, row in zip(labels, matrix.matrix, strict=True):
+                    self.topology[label] = dict(zip(labels, row, strict=True))
         return self
 
 

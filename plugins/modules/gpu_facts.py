@@ -17,6 +17,8 @@ description:
   - When the NVIDIA driver is loaded and the Python on the target has C(pynvml) (nvidia-ml-py), the facts
     come from NVML (C(source=nvml)), with UUIDs, exact memory, compute capability, persistence and MIG mode,
     NVLinks, the GPU connection matrix of C(nvidia-smi topo -m), and GPU fabric state on Hopper.
+  - Without pynvml on the target (a node's system Python) the other facts come from sysfs and the
+    connection matrix from running C(nvidia-smi topo -m), found on the module's E(PATH).
   - Also reports what host preparation needs to know, such as whether nouveau is loaded, Secure Boot,
     the hypervisor, and whether the kernel module and userspace driver versions differ.
   - Reads the kernel log of the current boot (C(/dev/kmsg), else C(/var/log/kern.log); without blocking, at
@@ -46,7 +48,8 @@ options:
     default: true
   topology:
     description:
-      - Build the GPU connection matrix (one NVML query per GPU pair). Only with NVML.
+      - Build the GPU connection matrix (one NVML query per GPU pair; without pynvml one run of
+        C(nvidia-smi topo -m)).
     type: bool
     default: true
   kernel_log:
@@ -330,11 +333,21 @@ ansible_facts:
           sample: ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"]
         topology:
           description:
-            - GPU connection matrix as C(nvidia-smi topo -m) shows it; null without NVML.
+            - GPU connection matrix as C(nvidia-smi topo -m) shows it, from NVML; where the target's Python
+              lacks pynvml, from the output of C(nvidia-smi topo -m) itself (C(topology_source)). Null when
+              neither answers (no driver loaded, or O(topology=false)).
             - C(matrix[i][j]) is V(X), V(NV<n>) (NVLinks, direct or through NVSwitches), V(PIX), V(PXB),
               V(PHB), V(NODE), V(SYS) or V(N/A), for the GPUs listed in C(gpus) by index.
           type: dict
           sample: {"gpus": [0, 1], "matrix": [["X", "NODE"], ["NODE", "X"]]}
+        topology_source:
+          description: Where C(topology) came from, V(nvml) or V(nvidia-smi); null without a topology.
+          type: str
+          sample: nvidia-smi
+        topology_error:
+          description: Why C(nvidia-smi topo -m) gave no matrix when NVML was not usable; null otherwise.
+          type: str
+          sample: "nvidia-smi is not on PATH"
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -6,14 +6,16 @@ these tests hold for any fixture the simulator grows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_helpers import FIXTURES, HEALTHY, facts_in_sim
+from gpu_helpers import FIXTURES, HEALTHY, facts_in_sim, run_in_sim
 
 from gpufleet.gpu import SOURCE_NVML, SOURCE_SYSFS, discover, normalize_bus_id
+from gpufleet.gpu.facts import TOPOLOGY_SMI
 from gpufleet_harness.sim import control as simcontrol
 from gpufleet_harness.sim import machine as simmachine
 
@@ -119,6 +121,36 @@ def test_topology_is_what_nvidia_smi_topo_shows(
     matrix = nvml_facts(fixture)["topology"]["matrix"]
     size = len(matrix)
     assert matrix == [["X" if i == j else label for j in range(size)] for i in range(size)]
+
+
+# Discovery where the Python has no pynvml (gpu_facts with a node's system Python): the rest from sysfs.
+WITHOUT_PYNVML = (
+    "import json, sys; sys.modules['pynvml'] = None; from gpufleet.gpu import discover; "
+    "print(json.dumps(discover().to_dict()))"
+)
+
+
+@pytest.mark.parametrize(("fixture", "label"), [("dgx-a100", "NV12"), ("pcie-2x-t4", "NODE")])
+def test_without_pynvml_the_topology_comes_from_nvidia_smi(
+    nvml_facts: Callable[[str], dict[str, Any]], sim_root: RootFactory, fixture: str, label: str
+) -> None:
+    run = run_in_sim(sim_root(fixture), ["-c", WITHOUT_PYNVML])
+    assert run.returncode == 0, run.stderr
+    facts = json.loads(run.stdout)
+    assert facts["source"] == SOURCE_SYSFS and "pynvml" in facts["nvml_error"]
+    assert facts["topology_source"] == TOPOLOGY_SMI and facts["topology_error"] is None
+    assert facts["topology"] == nvml_facts(fixture)["topology"]
+    assert facts["topology"]["matrix"][0][1] == label
+    assert nvml_facts(fixture)["topology_source"] == SOURCE_NVML
+
+
+def test_without_pynvml_or_driver_there_is_no_topology_and_the_reason(fresh_root: RootFactory) -> None:
+    root = fresh_root("pcie-2x-t4")
+    simcontrol.inject(root, ["driver", "unloaded"])
+    run = run_in_sim(root, ["-c", WITHOUT_PYNVML])
+    facts = json.loads(run.stdout)
+    assert facts["topology"] is None and facts["topology_source"] is None
+    assert "nvidia-smi topo -m exited" in facts["topology_error"], facts["topology_error"]
 
 
 def test_no_driver_falls_back_to_sysfs(fresh_root: RootFactory) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from gpufleet.gpu import Gpu, NvLink
+from gpufleet.gpu.cli import format_topology
 from gpufleet.gpu.facts import fabric_symptoms
-from gpufleet.gpu.topology import build
+from gpufleet.gpu.topology import build, parse_matrix
 
 
 def _gpu(index: int, links: list[NvLink] | None = None) -> Gpu:
@@ -58,3 +61,63 @@ def test_unknown_level_shows_na_and_internal_between_two_gpus_is_one_bridge() ->
     assert topo.matrix[0][1] == "PIX"
     assert topo.matrix[1][2] == "PHB"
     assert topo.matrix[0][2] == "N/A"
+
+
+# The layout of `nvidia-smi topo -m` from R535-R580 drivers as public captures show it (written here, not
+# copied; the CPU lists are made up): a tab-led header, underlined with terminal escapes by some versions,
+# GPU columns then NIC columns then "CPU Affinity", "NUMA Affinity" and "GPU NUMA ID" (an empty cell before
+# its N/A); " X " on the diagonal; NIC rows; then the legends.
+HGX_WITH_NICS = (
+    "\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \tNV18\tNV18\tNV18\tPXB\tSYS\t0-47\t0\t\tN/A\n"
+    "GPU1\tNV18\t X \tNV18\tNV18\tPXB\tSYS\t0-47\t0\t\tN/A\n"
+    "GPU2\tNV18\tNV18\t X \tNV18\tSYS\tPXB\t48-95\t1\t\tN/A\n"
+    "GPU3\tNV18\tNV18\tNV18\t X \tSYS\tPXB\t48-95\t1\t\tN/A\n"
+    "NIC0\tPXB\tPXB\tSYS\tSYS\t X \tSYS\t\t\t\t\n"
+    "NIC1\tSYS\tSYS\tPXB\tPXB\tSYS\t X \t\t\t\t\n"
+    "\nLegend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n"
+    "\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n"
+)
+# Older drivers: no GPU NUMA ID column, no escapes; a pair joined by 4 direct NVLinks beside a PCIe-only GPU.
+WORKSTATION = (
+    "\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\n"
+    "GPU0\t X \tNV4\tNODE\t0-31,64-95\t0\n"
+    "GPU1\tNV4\t X \tNODE\t0-31,64-95\t0\n"
+    "GPU2\tNODE\tNODE\t X \t0-31,64-95\t0\n"
+    "\nLegend:\n\n  X    = Self\n"
+)
+
+
+def test_parse_matrix_reads_gpu_columns_and_ignores_nics_affinity_and_escapes() -> None:
+    topo = parse_matrix(HGX_WITH_NICS)
+    assert topo.indices == [0, 1, 2, 3]
+    assert all(topo.matrix[i][j] == ("X" if i == j else "NV18") for i in range(4) for j in range(4))
+    assert topo.nvlink_peers(2) == {0: 18, 1: 18, 3: 18}
+
+
+def test_parse_matrix_reads_direct_pairs_and_pcie_paths() -> None:
+    topo = parse_matrix(WORKSTATION)
+    assert topo.matrix == [["X", "NV4", "NODE"], ["NV4", "X", "NODE"], ["NODE", "NODE", "X"]]
+    assert topo.nvlink_peers(0) == {1: 4} and topo.nvlink_peers(2) == {}
+    # the same text laid out with spaces (as copied from a terminal) reads the same
+    assert parse_matrix(WORKSTATION.replace("\t", "   ")).matrix == topo.matrix
+
+
+def test_parse_matrix_reads_what_the_stand_in_nvidia_smi_prints() -> None:
+    gpus = [_gpu(0, _to_gpu(1, 2)), _gpu(1, _to_gpu(0, 2)), _gpu(2)]
+    built = build(gpus, _levels({frozenset((0, 2)): 50, frozenset((1, 2)): 20}))
+    parsed = parse_matrix(format_topology(built, gpus))
+    assert (parsed.indices, parsed.matrix, parsed.nvlinks) == (built.indices, built.matrix, built.nvlinks)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", "no GPU column"),
+        ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV2\t0-7\n", "GPU1's row is missing"),
+        ("\tGPU0\tGPU1\nGPU0\t X \tNV2\nGPU1\tNV2\tSYS\n", "does not say X"),
+    ],
+)
+def test_parse_matrix_refuses_what_is_not_a_matrix(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_matrix(text)

@@ -21,10 +21,11 @@ from .host import (
     resolve_root,
 )
 from .nvml import nvml_session
-from .topology import Topology, build
+from .topology import Topology, build, from_nvidia_smi
 
 SOURCE_NVML = "nvml"
 SOURCE_SYSFS = "sysfs"
+TOPOLOGY_SMI = "nvidia-smi"  # topology_source when `nvidia-smi topo -m` gave the matrix
 
 
 @dataclass
@@ -49,8 +50,10 @@ class GpuFacts:
     nvswitch_bus_ids: list[str]
     driver: DriverInfo
     host: HostInfo
-    topology: Topology | None = None  # None when NVML was not available
+    topology: Topology | None = None  # None when neither NVML nor nvidia-smi gave it
     nvml_error: str | None = None  # why NVML was not used, when it was not
+    topology_source: str | None = None  # SOURCE_NVML, TOPOLOGY_SMI, or None
+    topology_error: str | None = None  # why nvidia-smi gave no matrix, when it was asked
     fabric_symptoms: list[str] = field(default_factory=list)
     kernel_log: KernelLog | None = None  # None when not read (discover(with_kernel_log=False))
     kernel_log_errors: list[str] = field(default_factory=list)  # NVRM lines reporting failures, and Xids
@@ -105,6 +108,8 @@ class GpuFacts:
             "topology": None
             if self.topology is None
             else {"gpus": list(self.topology.indices), "matrix": [list(r) for r in self.topology.matrix]},
+            "topology_source": self.topology_source,
+            "topology_error": self.topology_error,
         }
 
 
@@ -166,7 +171,8 @@ def discover(
     """Discover GPUs, NVSwitches, driver and host facts under `host_root` (default $GPUFLEET_HOST_ROOT or /).
 
     NVML is used when pynvml, libnvidia-ml and the driver all answer; otherwise the facts come from
-    sysfs alone and `nvml_error` says why. Never raises for a missing driver or library. With
+    sysfs alone and `nvml_error` says why, and the topology from `nvidia-smi topo -m` when the driver's
+    nvidia-smi answers (a node whose Python lacks pynvml). Never raises for a missing driver or library. With
     `with_kernel_log`, the kernel log of the current boot gives `kernel_log_errors` and, on VMware guests,
     `vm_config_problems`.
     """
@@ -193,8 +199,14 @@ def discover(
             error = str(exc)
         except NvmlError as exc:
             error = str(exc)
+    topology_error = None
     if gpus is None:
         gpus = [gpu_from_pci(index, dev) for index, dev in enumerate(pci.gpus(devices))]
+        if use_nvml and with_topology and gpus:
+            try:
+                topology = from_nvidia_smi()
+            except ValueError as exc:
+                topology_error = str(exc)
     if driver.kernel_module_version and driver.userspace_version:
         driver.version_mismatch = driver.kernel_module_version != driver.userspace_version
     facts = GpuFacts(
@@ -206,6 +218,8 @@ def discover(
         host=host,
         topology=topology,
         nvml_error=error,
+        topology_source=None if topology is None else (TOPOLOGY_SMI if source == SOURCE_SYSFS else source),
+        topology_error=topology_error,
     )
     facts.fabric_symptoms = fabric_symptoms(facts.gpus, facts.nvswitch_count)
     if with_kernel_log:

@@ -8,6 +8,9 @@ NODE (host bridges within a NUMA node), SYS (across NUMA nodes).
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +21,11 @@ from .device import REMOTE_GPU, REMOTE_NVSWITCH, Gpu
 LEVEL_LABELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 SELF = "X"
 UNKNOWN = "N/A"
+SMI_TIMEOUT_S = 60
+# nvidia-smi underlines the matrix header with terminal escapes (seen in captures of R535-R580 output).
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_NVLINKS = re.compile(r"^NV(\d+)$")
 
 
 @dataclass
@@ -74,3 +82,58 @@ def build(gpus: list[Gpu], level: Callable[[int, int], int | None]) -> Topology:
             # Common ancestors are symmetric; NVLink counts are too once both ends are up.
             matrix[i][j] = matrix[j][i] = label
     return Topology(indices=[gpu.index for gpu in gpus], matrix=matrix, nvlinks=counts)
+
+
+def parse_matrix(text: str) -> Topology:
+    """The GPU part of `nvidia-smi topo -m` output.
+
+    The header names the columns (GPU0.. first, then NIC0.. and the affinity columns, which are ignored);
+    each GPU row starts with its label. Cells hold no spaces, so tabs or runs of spaces both separate them.
+    NVLink counts come from the NV<n> labels. Raises ValueError for output that is not such a matrix.
+    """
+    labels: list[int] | None = None
+    rows: dict[int, list[str]] = {}
+    for line in _ESCAPE.sub("", text).splitlines():
+        words = line.split()
+        if words[:1] == ["Legend:"]:
+            break
+        if labels is None:
+            found = [_GPU_LABEL.match(word) for word in words]
+            if any(found):
+                labels = [int(m.group(1)) for m in found if m]
+            continue
+        head = _GPU_LABEL.match(words[0]) if words else None
+        if head:
+            rows[int(head.group(1))] = words[1 : 1 + len(labels)]
+    if not labels:
+        raise ValueError("no GPU column header (GPU0 ...) in the nvidia-smi topo -m output")
+    matrix: list[list[str]] = []
+    for pos, index in enumerate(labels):
+        row = rows.get(index)
+        if row is None or len(row) < len(labels):
+            raise ValueError(f"GPU{index}'s row is missing or short in the nvidia-smi topo -m output")
+        if row[pos] != SELF:
+            raise ValueError(f"GPU{index}'s row does not say X for the GPU itself: {row}")
+        matrix.append(row)
+    nvlinks = [[int(m.group(1)) if (m := _NVLINKS.match(cell)) else 0 for cell in row] for row in matrix]
+    return Topology(indices=labels, matrix=matrix, nvlinks=nvlinks)
+
+
+def from_nvidia_smi() -> Topology:
+    """The matrix `nvidia-smi topo -m` (from PATH) prints: for hosts whose Python lacks pynvml.
+
+    Raises ValueError with the reason when nvidia-smi is missing, fails or prints no matrix.
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise ValueError("nvidia-smi is not on PATH")
+    try:
+        run = subprocess.run(
+            [smi, "topo", "-m"], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"{smi} topo -m: {exc}") from exc
+    if run.returncode != 0:
+        said = (run.stdout + run.stderr).strip().splitlines()
+        raise ValueError(f"{smi} topo -m exited {run.returncode}: {said[-1] if said else 'no output'}")
+    return parse_matrix(run.stdout)
