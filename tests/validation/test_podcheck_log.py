@@ -1,5 +1,5 @@
 """What a validation pod printed, read back: its GPUs, device nodes and the GPU part of ``nvidia-smi topo -m``
-(the same reader gpu_facts uses, so terminal escapes and NIC columns of current drivers do not hide a pair)."""
+(gpu_facts' reader: terminal escapes and NIC columns of current drivers do not hide a pair)."""
 
 from __future__ import annotations
 
