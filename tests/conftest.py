@@ -38,9 +38,6 @@ if _LABSTACK_DIR not in sys.path:
 # these (the longest: 10-15 min each) before any other: the scheduler gives a worker its next unit of
 # work only when it has at most two tests left, so a long group queued late would end the run late.
 XDIST_GROUPS = {"repo_url": "molecule", "stack": "k8s-lab"}
-# Groups named by a mark, handed out right after those: the site.yml lab test (tests/lab/test_lab_site.py,
-# ~20 min with its own lab), on a worker of its own beside the Kubernetes lab tests.
-MARKED_GROUPS = ("lab-site",)
 # Where workers write each test's group for the controller's scheduler (the path travels in workerinput).
 # xdist's own loadgroup passes the group as a node id suffix, which pytest 9.2 no longer lets plugins set
 # (pytest-dev/pytest-xdist#1386): the tests would silently be spread over all workers, a lab on each.
@@ -85,27 +82,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     if grouped_run(config):
-        first = [*XDIST_GROUPS.values(), *MARKED_GROUPS]
+        first = list(XDIST_GROUPS.values())
 
-        def rank(pair: tuple[int, pytest.Item]) -> tuple[int, int]:
+        def rank(pair: tuple[int, pytest.Item]) -> tuple[int, int, int]:
             index, item = pair
             group = _group_of(item)
+            last = 1 if item.get_closest_marker("group_last") else 0
             if group in first:
-                return first.index(group), index
-            return (len(first), index) if group else (len(first) + 1, index)
+                return first.index(group), last, index
+            return (len(first), last, index) if group else (len(first) + 1, last, index)
 
         items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """In a grouped worker, stop its Kubernetes lab after the group's last test: the tests it takes next do
-    not use it, and the lab test on another worker gets the cores the idle cluster would keep busy."""
-    group_done = nextitem is None or _group_of(nextitem) != "k8s-lab"
-    if grouped_run(item.config) and _group_of(item) == "k8s-lab" and group_done:
-        from labstack import release_stacks
-
-        release_stacks(item.config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which tells the controller collection is done

@@ -284,9 +284,10 @@ _STACKS: list[LabStack] = []  # every LabStack of this process
 
 
 def release_stacks(config: pytest.Config) -> None:
-    """Stop this process's labs now, in an xdist worker whose Kubernetes lab group is done (tests/conftest.py
-    pytest_runtest_teardown): the worker's later tests do not use them. In a plain run, a no-op: tests using
-    `stack` may still follow."""
+    """Stop this process's labs now, in an xdist worker (whose grouped tests are sorted, ``group_last``
+    tests at the end of their group, tests/conftest.py): a test with its own cluster (the site.yml lab test)
+    then does not share two cores with an idle one for its ~13 minutes. In a plain run, a no-op: tests
+    using `stack` may still follow."""
     if hasattr(config, "workerinput"):
         for the_stack in _STACKS:
             the_stack.close()
