@@ -29,6 +29,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from gpufleet_harness.cluster.process import wait_for
 from gpufleet_harness.lab import lab as fleetlab
 from gpufleet_harness.lab.spec import HostSpec, LabSpec
 
@@ -76,16 +77,17 @@ def _start_seconds(core: Any, body: dict[str, Any]) -> float:
 def _delete(core: Any, name: str) -> None:
     with contextlib.suppress(ApiException):
         core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             core.read_namespaced_pod(name, NAMESPACE)
         except ApiException as exc:
             if exc.status == 404:
-                return
+                return True
             raise
-        time.sleep(0.2)
-    raise SystemExit(f"pod {name} still there {TIMEOUT_S} s after its deletion")
+        return False
+
+    wait_for(f"pod {name} to be gone after its deletion", gone, TIMEOUT_S, interval=0.2)
 
 
 def _namespace(core: Any) -> None:
@@ -93,13 +95,13 @@ def _namespace(core: Any) -> None:
     before that)."""
     with contextlib.suppress(ApiException):
         core.create_namespace({"metadata": {"name": NAMESPACE}})
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def token() -> bool:
         with contextlib.suppress(ApiException):
-            if core.read_namespaced_service_account("default", NAMESPACE).secrets:
-                return
-        time.sleep(0.5)
-    raise SystemExit(f"namespace {NAMESPACE}: no token for service account default after {TIMEOUT_S} s")
+            return bool(core.read_namespaced_service_account("default", NAMESPACE).secrets)
+        return False
+
+    wait_for(f"a token for service account default in {NAMESPACE}", token, TIMEOUT_S, interval=0.5)
 
 
 def _ms(seconds: float) -> str:
