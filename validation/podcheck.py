@@ -1,7 +1,8 @@
 """The Kubernetes side of validation: nodes as the API reports them, and short-lived GPU pods.
 
 A GPU pod runs ``nvidia-smi -L``, lists its ``/dev/nvidia<N>`` device nodes and, when asked,
-``nvidia-smi topo -m``; the checks read its log. Pod settings come from the expectations' ``cluster``
+``nvidia-smi topo -m`` and ``nvidia-smi`` (whose "MIG devices" table has each MIG device's memory); the
+checks read its log. Pod settings come from the expectations' ``cluster``
 section: ``namespace`` (created if missing), ``workload.image`` (it needs ``sh``; ``nvidia-smi`` is
 injected by the NVIDIA container runtime, or part of the image), ``workload.image_pull_policy``,
 ``workload.env``, ``workload.volumes`` (hostPath), ``workload.runtime_class_name`` (a host's own
@@ -28,7 +29,8 @@ from gpufleet.gpu.topology import parse_matrix
 
 SCRIPT = (
     'echo "== gpus"; {smi} -L; echo "== rc $?"; echo "== devices"; ls /dev | grep -E "^nvidia[0-9]+$"; '
-    'echo "== topo"; if [ "{topo}" = 1 ]; then {smi} topo -m; fi; echo "== end"'
+    'echo "== topo"; if [ "{topo}" = 1 ]; then {smi} topo -m; fi; '
+    'echo "== summary"; if [ "{summary}" = 1 ]; then {smi}; fi; echo "== end"'
 )
 # Pods held together (run_gpu_pods_at_once) wait for this annotation, which the kubelet writes into their
 # downward-API volume when the API object changes.
@@ -40,6 +42,11 @@ HOLD = (
 )
 HOLD_SLACK = 60.0  # after the release: the kubelet's volume refresh, then the pod's exit
 GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)")
+# `nvidia-smi -L` under its GPU: "  MIG 1g.10gb     Device  0: (UUID: MIG-...)" (older drivers:
+# MIG-GPU-<uuid>/<gi>/<ci>).
+MIG_LINE = re.compile(r"^MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)\s]+)\)")
+# A row of the summary's "MIG devices" table: | GPU GI CI MIG-dev | <used>MiB / <total>MiB | ...
+MIG_MEMORY_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB")
 
 
 @dataclass
@@ -55,6 +62,8 @@ class PodRun:
     gpus: list[tuple[int, str, str]] = field(default_factory=list)  # (index, model, uuid)
     devices: list[str] = field(default_factory=list)
     topology: dict[str, dict[str, str]] = field(default_factory=dict)  # "GPU0" -> {"GPU1": "NV12", ...}
+    mig_devices: list[tuple[str, str]] = field(default_factory=list)  # (profile, MIG UUID) from -L
+    mig_memory: list[tuple[int, int]] = field(default_factory=list)  # (used, total) MiB per MIG table row
 
     def parse(self) -> PodRun:
         section = ""
@@ -65,6 +74,10 @@ class PodRun:
                 continue
             if section == "gpus" and (match := GPU_LINE.match(line.strip())):
                 self.gpus.append((int(match.group(1)), match.group(2), match.group(3)))
+            elif section == "gpus" and (match := MIG_LINE.match(line.strip())):
+                self.mig_devices.append((match.group(1), match.group(3)))
+            elif section == "summary" and (match := MIG_MEMORY_ROW.match(line.strip())):
+                self.mig_memory.append((int(match.group(5)), int(match.group(6))))
             elif section == "devices" and line.strip():
                 self.devices.append(line.strip())
             elif section == "topo":
@@ -130,16 +143,19 @@ class Cluster:
         node: str | None = None,
         annotations: dict[str, str] | None = None,
         topology: bool = False,
+        summary: bool = False,
         runtime_class: str | None = None,
     ) -> PodRun:
-        """Run a GPU pod to completion (or timeout) and return what it saw. ``runtime_class``: the pod's
-        runtimeClassName (else ``workload.runtime_class_name``, else none)."""
+        """Run a GPU pod to completion (or timeout) and return what it saw: with ``topology`` also the
+        connection matrix, with ``summary`` nvidia-smi's summary (MIG devices' memory). ``runtime_class``:
+        the pod's runtimeClassName (else ``workload.runtime_class_name``, else none)."""
         name = self._create_gpu_pod(
             purpose,
             limits,
             node=node,
             annotations=annotations,
             topology=topology,
+            summary=summary,
             runtime_class=runtime_class,
         )
         return self._wait(name, self._timeout)
@@ -180,13 +196,14 @@ class Cluster:
         node: str | None = None,
         annotations: dict[str, str] | None = None,
         topology: bool = False,
+        summary: bool = False,
         hold: bool = False,
         runtime_class: str | None = None,
     ) -> str:
         self._ensure_namespace()
         name = f"gpufleet-validate-{purpose}-{secrets.token_hex(3)}"[:63]
         smi = str(self.workload.get("nvidia_smi", "nvidia-smi"))
-        script = SCRIPT.format(smi=smi, topo=int(topology))
+        script = SCRIPT.format(smi=smi, topo=int(topology), summary=int(summary))
         if hold:
             script += "; " + HOLD.format(seconds=int(self._timeout))
         if self._output == "termination_message":

@@ -7,11 +7,17 @@
   on the node the scheduler extender recorded in its ``gpufleet.io/assignment`` and sees that GPU, only.
 - On time-sliced hosts (``sharing: time-slicing``): one pod more than the host has GPUs, each asking for one
   device and all running at once, each see exactly one GPU, so two of them share one.
+- On hosts whose device plugin serves MIG devices under the mixed strategy (``mig_strategy: mixed``): the
+  node advertises some ``nvidia.com/mig-<profile>``, and for each, a pod asking for one sees exactly one MIG
+  device of that profile (``nvidia-smi -L``), under one GPU with one ``/dev/nvidia<N>``, and the memory the
+  profile names (nvidia-smi's MIG devices table: within 85-100 % of the profile's nominal GB, as 1g.10gb has
+  9,728 MiB on an A100-80GB).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -127,3 +133,46 @@ def test_gpu_memory_pod_lands_where_the_extender_put_it(target: Target, cluster:
     assert seen == assigned, (
         f"pod {run.name} on {run.node} sees GPUs {seen}, the extender assigned {assigned}"
     )
+
+
+def _profile_mib(profile: str) -> int:
+    """The memory a MIG profile's name promises, in MiB: "1g.10gb" (or "1c.3g.40gb") -> 10240 (40960)."""
+    match = re.search(r"(\d+)g\.(\d+)gb", profile)
+    assert match, f"MIG profile {profile!r} names no memory (<n>g.<m>gb)"
+    return int(match.group(2)) * 1024
+
+
+def test_mig_pod_sees_exactly_one_mig_device(target: Target, cluster: Cluster) -> None:
+    if target.want("mig_strategy") != "mixed":
+        pytest.skip("no MIG resources expected on this host (device plugin mig.strategy is not mixed)")
+    node = cluster.node(_node_name(target)) or {}
+    domain = cluster.resource.split("/", 1)[0]
+    allocatable = node.get("status", {}).get("allocatable") or {}
+    resources = sorted(r for r, n in allocatable.items() if r.startswith(f"{domain}/mig-") and int(n) > 0)
+    assert resources, (
+        f"{target.name}: its device plugin has mig.strategy mixed, but node {_node_name(target)} advertises "
+        f"no {domain}/mig-<profile> (allocatable: {allocatable or 'none'})"
+    )
+    for resource in resources:
+        profile = resource.rsplit("/", 1)[-1].removeprefix("mig-")
+        run = cluster.run_gpu_pod(
+            "mig", {resource: "1"}, node=_node_name(target), summary=True,
+            runtime_class=_runtime_class(target),
+        )
+        _ran(target.name, run, f"a {resource}: 1")
+        assert [p for p, _ in run.mig_devices] == [profile], (
+            f"{target.name}: a pod with {resource}: 1 sees MIG devices {run.mig_devices or 'none'}, "
+            f"expected exactly one {profile}"
+        )
+        assert len(run.gpus) == 1 and len(run.devices) == 1, (
+            f"{target.name}: the {profile} pod sees GPUs {run.gpus} and device nodes {run.devices}, "
+            "expected its MIG device's parent only"
+        )
+        assert len(run.mig_memory) == 1, (
+            f"{target.name}: the {profile} pod's nvidia-smi lists {len(run.mig_memory)} MIG devices' memory"
+        )
+        total, nominal = run.mig_memory[0][1], _profile_mib(profile)
+        assert 0.85 * nominal <= total <= nominal, (
+            f"{target.name}: the {profile} pod's MIG device has {total} MiB, "
+            f"not the ~{nominal} MiB of {profile}"
+        )

@@ -9,6 +9,7 @@ import runpy
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import yaml
 from gpufleet_harness.lab import hostsetup
 from gpufleet_harness.lab import lab as fleetlab
 from gpufleet_harness.lab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
+from gpufleet_harness.sim.miglayout import make_layout
 from gpufleet_harness.testhosts import nvidia_packages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,10 +214,11 @@ def _runtime(tmp_path: Path, machine: dict | None) -> dict:
     if machine is not None:
         (sim / "machine.json").write_text(json.dumps(machine))
     os.environ["GPUFLEET_SIM_ROOT"] = str(sim)
+    os.environ["GPUFLEET_RUNTIME_LOG"] = str(tmp_path / "runtime.log")  # not this machine's /var/log
     try:
         return runpy.run_path(str(shim))
     finally:
-        del os.environ["GPUFLEET_SIM_ROOT"]
+        del os.environ["GPUFLEET_SIM_ROOT"], os.environ["GPUFLEET_RUNTIME_LOG"]
 
 
 def _bundle(tmp_path: Path, env: list[str]) -> Path:
@@ -257,3 +260,31 @@ def test_runtime_without_a_simulated_machine_changes_nothing(tmp_path: Path) -> 
     before = config.read_text()
     assert shim["inject"](str(config)) is False
     assert config.read_text() == before
+
+
+def test_runtime_injects_the_parent_gpu_of_a_mig_device(
+    fresh_root: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=MIG-<uuid>: the stand-in runtime finds the parent GPU through the simulated
+    NVML (as the toolkit does) and injects that GPU; an unknown MIG UUID injects nothing. In a child process,
+    so that this one never loads the simulated library."""
+    root = fresh_root("dgx-a100")
+    made = make_layout(root, {6: ["1g.10gb"], 7: ["3g.40gb"]})
+    shim = tmp_path / "nvidia-container-runtime"
+    shim.write_text(nvidia_packages._RUNTIME_SHIM.replace("sys.exit(main(sys.argv[1:]))", ""))
+    machine = json.loads((root / "machine.json").read_text())
+    script = (
+        "import json, runpy, sys\n"
+        "shim = runpy.run_path(sys.argv[1])\n"
+        "gpus = json.load(open(sys.argv[2]))['gpus']\n"
+        "print(json.dumps([[g['uuid'] for g in shim['visible']({'NVIDIA_VISIBLE_DEVICES': v}, gpus)]"
+        " for v in sys.argv[3:]]))\n"
+    )
+    unknown = "MIG-00000000-0000-4000-8000-000000000000"
+    asks = [made[7][0]["uuid"], f"{made[6][0]['uuid']},0", unknown]
+    env = {**os.environ, "GPUFLEET_SIM_ROOT": str(root), "GPUFLEET_RUNTIME_LOG": f"{tmp_path}/runtime.log"}
+    argv = [sys.executable, "-c", script, str(shim), str(root / "machine.json"), *asks]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=60)
+    uuids = [g["uuid"] for g in machine["gpus"]]
+    assert json.loads(out.stdout) == [[uuids[7]], [uuids[6], uuids[0]], []]
+    assert f"MIG device {unknown}: not found" in (tmp_path / "runtime.log").read_text()

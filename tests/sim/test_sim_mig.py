@@ -297,7 +297,8 @@ def _smi(env: dict[str, str], argv: list[str]) -> str:
 
 def test_smi_mig_line_format() -> None:
     gpu = type("G", (), {"index": 0, "model": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-x", "lost": False})()
-    row = simsmi.Row(gpu=gpu, mig_devices=[("1g.10gb", "MIG-a"), ("1c.3g.40gb", "MIG-b")])  # type: ignore[arg-type]
+    migs = [simsmi.MigRow("1g.10gb", "MIG-a"), simsmi.MigRow("1c.3g.40gb", "MIG-b")]
+    row = simsmi.Row(gpu=gpu, mig_devices=migs)  # type: ignore[arg-type]
     assert simsmi.list_gpus([row]).splitlines() == [
         "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-x)",
         "  MIG 1g.10gb     Device  0: (UUID: MIG-a)",

@@ -72,6 +72,7 @@ def test_validate_playbook_passes_then_fails_naming_the_stopped_fabric_manager(
         "nvidia.com/gpu",
     )
     assert not expected["runtime_class"]  # nvidia is the default runtime: pods name no RuntimeClass
+    assert expected["mig_strategy"] == "none"  # no MIG pods for the workload suite
 
     simcontrol.inject(sim_base / "dgx-a100", ["fabricmanager", "stopped"])
     bad = _playbook(sim_base, report)

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,19 @@ class Row:
     pci_subsystem_id: int | None = None
     memory_used: int | None = None
     memory_free: int | None = None
-    mig_devices: list[tuple[str, str]] | None = None  # (profile name, MIG UUID) in MIG device order
+    mig_devices: list[MigRow] | None = None  # in MIG device order
+
+
+@dataclass
+class MigRow:
+    """One MIG device of a GPU, as `-L` and the summary's MIG table show it."""
+
+    profile: str  # "1g.10gb", or "1c.3g.40gb" for a compute instance smaller than its GPU instance
+    uuid: str  # MIG-...
+    gi: int | None = None  # GPU-instance id
+    ci: int | None = None  # compute-instance id
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None
 
 
 def host_root() -> Path:
@@ -113,7 +125,7 @@ class Session:
         row.mig_devices = self._mig_devices(handle)
         return row
 
-    def _mig_devices(self, handle: Any) -> list[tuple[str, str]]:
+    def _mig_devices(self, handle: Any) -> list[MigRow]:
         """The GPU's MIG devices, walked as NVML consumers do: indexes 0..max-1, NOT_FOUND skipped."""
         nv = self.nv.nv
         try:
@@ -128,19 +140,37 @@ class Session:
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
                 name, uuid = nv.nvmlDeviceGetName(mig), nv.nvmlDeviceGetUUID(mig)
+                gi, ci = nv.nvmlDeviceGetGpuInstanceId(mig), nv.nvmlDeviceGetComputeInstanceId(mig)
+                memory = nv.nvmlDeviceGetMemoryInfo(mig)
             except nv.NVMLError:
                 continue
             name, uuid = (v.decode() if isinstance(v, bytes) else v for v in (name, uuid))
-            found.append((name.rsplit(" MIG ", 1)[-1], uuid))
+            profile = name.rsplit(" MIG ", 1)[-1]
+            found.append(MigRow(profile, uuid, int(gi), int(ci), int(memory.used), int(memory.total)))
         return found
 
     def select(self, ids: str | None) -> list[Row]:
-        """Rows named by `-i`: indices, UUIDs or PCI bus ids, comma-separated; all when None."""
+        """Rows named by `-i`: indices, UUIDs or PCI bus ids, comma-separated; all when None.
+
+        A MIG UUID names its parent GPU with that MIG device only: what a container given MIG devices
+        sees (the lab image's nvidia-smi passes the container's NVIDIA_VISIBLE_DEVICES here, in place of
+        the NVIDIA container toolkit)."""
         if ids is None:
             return self.rows
         wanted = [part.strip() for part in ids.split(",") if part.strip()]
-        chosen = []
+        chosen: list[Row] = []
         for want in wanted:
+            if want.startswith("MIG-"):
+                row = next((r for r in self.rows for m in r.mig_devices or () if m.uuid == want), None)
+                if row is None:
+                    return []
+                mig = [m for m in row.mig_devices or () if m.uuid == want]
+                seen = next((i for i, c in enumerate(chosen) if c.gpu.index == row.gpu.index), None)
+                if seen is None:
+                    chosen.append(replace(row, mig_devices=mig))
+                else:
+                    chosen[seen].mig_devices = [*(chosen[seen].mig_devices or ()), *mig]
+                continue
             for row in self.rows:
                 gpu = row.gpu
                 if want in (str(gpu.index), gpu.uuid) or _same_bus(want, gpu.pci_bus_id):
@@ -261,8 +291,8 @@ def list_gpus(rows: list[Row]) -> str:
             lines.append(lost_line(row.gpu))
             continue
         lines.append(f"GPU {row.gpu.index}: {row.gpu.model} (UUID: {row.gpu.uuid})")
-        for i, (profile, uuid) in enumerate(row.mig_devices or []):
-            lines.append(f"  MIG {profile:<11} Device {i:>2}: (UUID: {uuid})")
+        for i, mig in enumerate(row.mig_devices or []):
+            lines.append(f"  MIG {mig.profile:<11} Device {i:>2}: (UUID: {mig.uuid})")
     return "\n".join(lines) + "\n"
 
 
@@ -292,8 +322,31 @@ def summary(session: Session, rows: list[Row]) -> str:
             f"| {persist:<7} | {mig:<4} |"
         )
     lines.append(rule)
+    lines.extend(mig_table(rows))
     lines.append("Processes: none (simulated GPUs run no processes)")
     return "\n".join(lines) + "\n"
+
+
+def mig_table(rows: list[Row]) -> list[str]:
+    """The summary's "MIG devices:" table (none without MIG devices): a row per MIG device that starts as
+    nvidia-smi's does, `| GPU  GI  CI  MIG | <used>MiB / <total>MiB |`, which is what scripts read."""
+    migs = [(row.gpu.index, k, m) for row in rows for k, m in enumerate(row.mig_devices or [])]
+    if not migs:
+        return []
+    rule = "+" + "+".join("-" * width for width in (18, 26, 13)) + "+"
+    lines = [rule, "| MIG devices:" + " " * 47 + "|", rule,
+             "| GPU  GI  CI  MIG |             Memory-Usage | Profile     |",
+             "|      ID  ID  Dev |                          |             |", rule]  # fmt: skip
+    for index, k, mig in migs:
+        memory = f"{_mib(mig.memory_used)}MiB / {_mib(mig.memory_total)}MiB"
+        ids = f"{index:>3}{_id(mig.gi):>5}{_id(mig.ci):>4}{k:>4}"
+        lines.append(f"|{ids}  | {memory:>24} | {mig.profile:<11} |")
+    lines.append(rule)
+    return lines
+
+
+def _id(value: int | None) -> str:
+    return "N/A" if value is None else str(value)
 
 
 def version(session: Session) -> str:

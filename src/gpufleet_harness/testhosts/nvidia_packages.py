@@ -24,17 +24,19 @@ _STANDIN = (
 )
 
 # Like NVIDIA's runtime: on `create` of a container whose environment asks for GPUs
-# (NVIDIA_VISIBLE_DEVICES `all` or a list of indices/UUIDs), add the driver's userspace and device nodes to
-# the OCI spec, then hand the call to runc. The "driver" here is the GPU simulator's machine when the host
+# (NVIDIA_VISIBLE_DEVICES `all` or a list of indices, GPU UUIDs or MIG UUIDs), add the driver's userspace and
+# device nodes to the OCI spec, then hand the call to runc. A MIG UUID stands for its parent GPU's device
+# node, found through NVML as the real toolkit finds it (the MIG capability nodes come from the device
+# plugin's Allocate). The "driver" here is the GPU simulator's machine when the host
 # has one (GPUFLEET_SIM_ROOT, default /etc/gpufleet-sim): mounted read-only, NVML pointed at it, its
 # nvidia-smi at /usr/bin/nvidia-smi and /dev/nvidia* of the visible GPUs. Without a simulated machine (or
 # without GPUs asked for) only runc runs.
 _RUNTIME_SHIM = f"""#!/usr/bin/python3
 # {_STANDIN}
-import json, os, shutil, sys, time
+import ctypes, json, os, shutil, sys, time
 
 SIM = os.environ.get("GPUFLEET_SIM_ROOT", "/etc/gpufleet-sim")
-LOG = "/var/log/nvidia-container-runtime.log"
+LOG = os.environ.get("GPUFLEET_RUNTIME_LOG", "/var/log/nvidia-container-runtime.log")
 
 
 def log(msg):
@@ -54,17 +56,44 @@ def bundle(args):
     return "." if "create" in args else None
 
 
+# The parent GPU index of each MIG UUID, through the simulated NVML (nvmlDeviceGetHandleByUUID, then
+# nvmlDeviceGetDeviceHandleFromMigDeviceHandle); a UUID NVML does not know is left out.
+def mig_parents(uuids):
+    os.environ["GPUFLEET_SIM_ROOT"] = SIM
+    try:
+        nvml = ctypes.CDLL(os.path.join(SIM, "lib", "libnvidia-ml.so.1"))
+    except OSError as err:
+        log("no NVML for MIG devices: %s" % err)
+        return {{}}
+    if nvml.nvmlInit_v2() != 0:
+        return {{}}
+    found = {{}}
+    try:
+        for uuid in uuids:
+            mig, parent, index = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint()
+            if (nvml.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(mig)) == 0
+                    and nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig, ctypes.byref(parent)) == 0
+                    and nvml.nvmlDeviceGetIndex(parent, ctypes.byref(index)) == 0):
+                found[uuid] = index.value
+            else:
+                log("MIG device %s: not found" % uuid)
+    finally:
+        nvml.nvmlShutdown()
+    return found
+
+
 def visible(env, gpus):
     wanted = env.get("NVIDIA_VISIBLE_DEVICES")
     if wanted in (None, "", "none", "void"):
         return []
     if wanted == "all":
         return gpus
+    items = [item.strip() for item in wanted.split(",") if item.strip()]
+    parents = mig_parents([item for item in items if item.startswith("MIG-")])
     chosen = []
-    for item in wanted.split(","):
-        item = item.strip()
+    for item in items:
         for index, gpu in enumerate(gpus):
-            if item in (str(index), gpu.get("uuid")):
+            if (item in (str(index), gpu.get("uuid")) or parents.get(item) == index) and gpu not in chosen:
                 chosen.append(gpu)
     return chosen
 
