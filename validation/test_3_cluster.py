@@ -3,7 +3,9 @@
 Per host with a ``node_name`` (default: the host's name): the node exists and is Ready; capacity and
 allocatable of the GPU resource equal the GPU count (``nvidia.com/gpu``, or the host's ``resource``; with
 ``sharing: time-slicing``, times its ``replicas``; with ``sharing: memory`` the node advertises
-``gpufleet.io/gpu-mem`` instead, checked for being present and whole); the device plugin's
+``gpufleet.io/gpu-mem`` instead, checked for being present and whole; with ``mig_strategy: mixed`` the GPUs
+in MIG mode, ``mig_gpus``, are not counted: they are MIG resources; with ``single`` every device is a MIG
+device, whose number the GPU count does not give, so only a non-zero count is checked); the device plugin's
 GPU labels and the ``gpufleet.io/gpus`` annotation are there and agree with the count and model.
 """
 
@@ -34,9 +36,13 @@ def _resource(target: Target, cluster: Cluster) -> str:
 
 
 def _devices(target: Target) -> int | None:
-    """Devices the node should advertise: GPUs x time-slicing replicas (1 when not time-sliced)."""
-    want = target.want("gpu_count")
-    return None if want is None else int(want) * int(target.want("replicas") or 1)
+    """Devices the node should advertise: whole GPUs x time-slicing replicas (1 when not time-sliced); whole
+    GPUs are all of them but, under MIG strategy mixed, those in MIG mode; unknown under strategy single."""
+    want, strategy = target.want("gpu_count"), target.want("mig_strategy") or "none"
+    if want is None or strategy == "single":
+        return None
+    whole = int(want) - (int(target.want("mig_gpus") or 0) if strategy == "mixed" else 0)
+    return whole * int(target.want("replicas") or 1)
 
 
 def _count(node: dict[str, Any], section: str, resource: str) -> int | None:

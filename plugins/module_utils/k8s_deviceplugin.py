@@ -206,7 +206,10 @@ def shape_of(cfg: Mapping[str, Any]) -> PluginShape:
         raise ParameterError(
             f"plugin_config.sharing.mode: none, time-slicing or memory, got {reprlib.repr(mode)}"
         )
-    return PluginShape(base, 1, labels, False, port)
+    # MIG strategy mixed: GPUs in MIG mode are not whole GPUs; single: every device is a MIG device. How
+    # many depends on the layout, not on the GPU count.
+    mig = _section(cfg, "mig").get("strategy", "none")
+    return PluginShape(base, 1 if mig in ("none", None) else None, labels, False, port)
 
 
 @dataclass(frozen=True)

@@ -211,8 +211,9 @@ notes:
   - Quantities in O(resources) should be given as the API server writes them back (C(100m), C(64Mi)), else every
     run reports a change.
   - Tested against a Kubernetes 1.20 API server and kubelet built from Debian's source, with simulated GPUs.
-  - The capacity wait does not follow C(mig.strategy) V(single) or V(mixed), whose resources depend on each node's
-    MIG layout, nor settings overridden with O(env).
+  - Under C(mig.strategy) V(single) or V(mixed) the capacity wait asks each node for a positive count of the GPU
+    resource, not one per GPU, as what a node advertises depends on its MIG layout. Settings overridden with
+    O(env) are not followed.
 seealso:
   - module: gpufleet.nvidia.gpu_scheduler_extender
   - name: Device plugin documentation

@@ -124,6 +124,9 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
         ({}, 8),
         ({"sharing": {"mode": "time-slicing", "time_slicing": {"replicas": 4}}}, 32),
         ({"sharing": {"mode": "memory"}}, None),
+        ({"mig": {"strategy": "mixed"}}, None),  # how many whole GPUs and MIG devices: the layout says
+        ({"mig": {"strategy": "single"}}, None),
+        ({"mig": {"strategy": "none"}}, 8),
     ):
         params = _dp_params(plugin_config=config, expected_gpus={"n1": "8"})
         shape = k8s_deviceplugin.shape_of(k8s_deviceplugin.plugin_config(params))

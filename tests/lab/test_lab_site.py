@@ -40,15 +40,20 @@ ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 GPUS = {"dgx-a100": 8, "pcie-2x-t4": 2, "esxi-vm-2x-v100": 2}
 # Each host's device plugin configuration (lab spec, inventory/lab/group_vars): nvidia.com/gpu allocatable
-# (the memory host advertises gpufleet.io/gpu-mem instead; the sliced host 2 devices per GPU) and the mode
-# the validation report shows.
-ADVERTISED = {"dgx-a100": 8, "pcie-2x-t4": 0, "esxi-vm-2x-v100": 4}
-MODES = {"dgx-a100": "whole", "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced x2"}
+# (the DGX's GPU 7 is in MIG mode, its MIG devices are resources of their own; the memory host advertises
+# gpufleet.io/gpu-mem instead; the sliced host 2 devices per GPU) and the mode the validation report shows.
+ADVERTISED = {"dgx-a100": 7, "pcie-2x-t4": 0, "esxi-vm-2x-v100": 4}
+MIG = {"nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1}
+MODES = {"dgx-a100": "whole+MIG", "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced x2"}
 # The workload checks only its mode runs, per host: every one of them ran and passed. The DGX's NVLink pair
 # check needs validate.yml to expect NVLink there: gpu_facts reads the matrix from nvidia-smi topo -m, as the
 # lab hosts' Python has no pynvml.
 MODE_CHECKS = {
-    "dgx-a100": ("one_gpu_pod_sees_exactly_one_gpu", "two_gpu_pod_gets_an_nvlink_pair"),
+    "dgx-a100": (
+        "one_gpu_pod_sees_exactly_one_gpu",
+        "two_gpu_pod_gets_an_nvlink_pair",
+        "mig_pod_sees_exactly_one_mig_device",
+    ),
     "pcie-2x-t4": ("gpu_memory_pod_lands_where_the_extender_put_it",),
     "esxi-vm-2x-v100": ("time_sliced_gpu_is_shared_by_pods_running_at_once",),
 }
@@ -167,6 +172,7 @@ def test_nodes_advertise_their_simulated_gpus(lab: Lab) -> None:
 def _advertise_their_modes(nodes: dict[str, dict[str, Any]]) -> None:
     assert {name: nodes.get(name, {}).get("gpus") for name in GPUS} == ADVERTISED
     assert nodes["pcie-2x-t4"]["gpu_mem"] > 0, nodes["pcie-2x-t4"]  # GiB of its 2 T4s to share
+    assert nodes["dgx-a100"]["mig"] == MIG, nodes["dgx-a100"]  # GPU 7's layout (lab-mixed)
 
 
 def test_fabricmanager_runs_only_on_the_nvswitch_host(lab: Lab) -> None:

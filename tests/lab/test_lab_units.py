@@ -18,6 +18,7 @@ import yaml
 from gpufleet_harness.lab import hostsetup
 from gpufleet_harness.lab import lab as fleetlab
 from gpufleet_harness.lab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
+from gpufleet_harness.sim import machine as simmachine
 from gpufleet_harness.sim.miglayout import make_layout
 from gpufleet_harness.testhosts import nvidia_packages
 
@@ -178,9 +179,13 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert "nvidia_container_toolkit_default_runtime" not in gpu_hosts["dgx-a100"]
     # each host's mode: a named configuration of the one DaemonSet (group_vars/all.yml has them)
     picks = {name: h.get("gpufleet_device_plugin_config_name") for name, h in gpu_hosts.items()}
-    assert picks == {"dgx-a100": None, "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced"}
+    assert picks == {"dgx-a100": "mig", "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced"}
     named = hostvars["gpufleet_kubernetes_device_plugin_config"]["configs"]["named"]
     assert {p for p in picks.values() if p} <= set(named)
+    # the DGX's MIG layout: playbooks/runtime.yml runs role nvidia_mig there, with a layout of the config
+    assert (hostvars["gpufleet_mig_enabled"], hostvars["nvidia_mig_layout"]) == (True, "lab-mixed")
+    assert "lab-mixed" in hostvars["nvidia_mig_config"]["mig-configs"]
+    assert not any("gpufleet_mig_enabled" in h for n, h in gpu_hosts.items() if n != "dgx-a100")
     assert "gpufleet_target" not in hostvars  # plays pick hosts before group_vars apply: never set it there
 
 
@@ -204,6 +209,15 @@ def test_staged_sim_root_has_real_files_and_a_device_script(sim_lib: Path, tmp_p
                          capture_output=True, text=True, check=False, cwd=root / "python")  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("Tesla T4") == 2, out.stdout
+
+    # MIG-capable GPUs: their capability nodes too (a MIG device's pod is given its GI/CI nodes), in /dev's
+    # nvidia-caps/ and in the host view's
+    staged = hostsetup.stage_sim("dgx-a100", tmp_path / "dgx", sim_lib)
+    dgx = (staged / "bin/gpufleet-sim-devices").read_text()
+    assert dgx.count("mkdir -p /dev/nvidia-caps\n") == 1
+    assert f"mkdir -p {hostsetup.SIM_DIR}/host/dev/nvidia-caps\n" in dgx
+    caps = [line for line in dgx.splitlines() if "mknod -m 666 /dev/nvidia-caps/nvidia-cap" in line]
+    assert caps and all(f" c {simmachine.NVIDIA_CAPS_MAJOR} " in line for line in caps), caps[:3]
 
 
 def _runtime(tmp_path: Path, machine: dict | None) -> dict:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pynvml
+import yaml
 
 from gpufleet_harness.lab.hostsetup import _SMI_SOURCES, SOURCE_ROOT
 
@@ -27,6 +28,15 @@ def test_stand_in_imports_from_the_sources_the_lab_copies(tmp_path: Path) -> Non
     # a missing file; pynvml (a single module) is added by hand, as the hosts have it.
     code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {str(Path(pynvml.__file__).parent)!r}]; "
             "import gpufleet_harness.sim.smi as smi; print(smi.__file__)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(str(tmp_path))
+    # `--gpu-reset` (session 12: a MIG layout's reset failed in the lab) needs the simulator's control
+    # module, which needs PyYAML (the MIG role installs Debian's python3-yaml): also from the copies.
+    extra = tmp_path / "extra"
+    shutil.copytree(Path(yaml.__file__).parent, extra / "yaml", ignore=shutil.ignore_patterns("__pycache__"))
+    code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {str(extra)!r}]; "
+            "import gpufleet_harness.sim.control as c; print(c.__file__)")  # fmt: skip
     result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(tmp_path))

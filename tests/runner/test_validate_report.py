@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from runnerkit import LOCAL, REPO, CliRun, play, write_inventory, write_playbook
 
-from gpufleet.validation.report import Check, Report, mode_label, write_report
+from gpufleet.validation.report import SUITES, Check, Report, mode_label, write_report
 from gpufleet_harness.sim import control as simcontrol
 from gpufleet_harness.sim import machine as simmachine
 
@@ -142,6 +142,15 @@ def test_report_prints_the_last_report_and_exits_by_its_result(gpufleet: Gpuflee
     assert rows["HOST"][:2] == ["HOST", "MODE"]
     assert rows["a"][:2] == ["a", "whole"] and rows["b"][:3] == ["b", "sliced", "x4"]
     assert mode_label({"sharing": "memory"}) == "memory" and mode_label({}) == "whole"
+    assert mode_label({"mig_strategy": "mixed"}) == "whole+MIG"
+    assert mode_label({"mig_strategy": "single"}) == "MIG" and mode_label({"mig_strategy": "none"}) == "whole"
+    # The lab's hosts and modes, four suites: every host name whole within 80 columns (session 12: a longer
+    # MIG label cut esxi-vm-2x-v100 short).
+    lab = {"dgx-a100": {"mig_strategy": "mixed"}, "pcie-2x-t4": {"sharing": "memory"},
+           "esxi-vm-2x-v100": {"sharing": "time-slicing", "replicas": 2}}  # fmt: skip
+    table = Report(checks=[Check(s, h, "x", "passed") for h in lab for s in SUITES],
+                   modes={h: mode_label(want) for h, want in lab.items()}).table()  # fmt: skip
+    assert all(f"{h} " in table for h in lab) and all(len(line) <= 80 for line in table.splitlines()), table
 
 
 def test_report_without_a_readable_report_exits_2(gpufleet: Gpufleet, tmp_path: Path) -> None:

@@ -129,11 +129,16 @@ class Report:
 
 def mode_label(expected: Mapping[str, Any]) -> str:
     """How a host serves its GPUs, from its expectations: ``whole``, ``memory`` (GPU-memory sharing through
-    the extender) or ``sliced xN`` (time-slicing, N devices per GPU)."""
+    the extender) or ``sliced xN`` (time-slicing, N devices per GPU); ``whole+MIG`` where the device plugin
+    serves whole GPUs and MIG devices (MIG strategy mixed), ``MIG`` where every device is a MIG device
+    (strategy single). Short: the table keeps to 80 columns."""
     sharing = str(expected.get("sharing") or "none")
     if sharing == "time-slicing":
-        return f"sliced x{expected.get('replicas') or 2}"
-    return {"none": "whole"}.get(sharing, sharing)
+        label = f"sliced x{expected.get('replicas') or 2}"
+    else:
+        label = {"none": "whole"}.get(sharing, sharing)
+    strategy = str(expected.get("mig_strategy") or "none")
+    return {"none": label, "single": "MIG"}.get(strategy, f"{label}+MIG")
 
 
 def write_report(report: Report, directory: Path) -> dict[str, Path]:

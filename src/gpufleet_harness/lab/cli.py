@@ -69,11 +69,15 @@ def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
     doc = doc or status(spec)
     print(f"lab {doc['name']}: {'up' if doc['up'] else 'NOT up'}"
           f"{'' if doc['supervisor'] else ' (control plane not running)'}")  # fmt: skip
-    print(f"{'host':<18} {'container':<28} {'runtime':<10} {'state':<9} {'node':<9} {'GPUs':>4}")
+    print(f"{'host':<18} {'container':<28} {'runtime':<10} {'state':<9} {'node':<9} {'GPUs':>4}  "
+          "MIG devices")
     for name, host in doc["hosts"].items():
         node = "Ready" if host["node_ready"] else "-"
+        migs = host.get("allocatable_mig", {})
+        mig = ", ".join(f"{n} {r.removeprefix('nvidia.com/mig-')}" for r, n in migs.items())
         print(f"{name[:18]:<18} {host['container'][:28]:<28} {host.get('runtime', '?')[:10]:<10} "
-              f"{host['container_state'][:9]:<9} {node:<9} {host['allocatable_gpus']:>4}")  # fmt: skip
+              f"{host['container_state'][:9]:<9} {node:<9} {host['allocatable_gpus']:>4}  "
+              f"{mig or '-'}")  # fmt: skip
     if doc.get("kubeconfig"):
         print(f"KUBECONFIG={doc['kubeconfig']}")
     print(f"inventory: {doc['inventory']}")

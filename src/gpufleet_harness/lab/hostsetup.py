@@ -48,6 +48,12 @@ _SMI_SOURCES = (
     "gpufleet_harness/__init__.py",
     "gpufleet_harness/sim/__init__.py",
     "gpufleet_harness/sim/smi.py",
+    # `nvidia-smi --gpu-reset` (a MIG mode change on an A100) imports these when it runs; with PyYAML,
+    # which the MIG role installs where it applies a layout
+    "gpufleet/files.py",
+    "gpufleet/yamlfile.py",
+    "gpufleet_harness/sim/control.py",
+    "gpufleet_harness/sim/machine.py",
 )
 
 KUBELET_UNIT = """\
@@ -238,12 +244,19 @@ def stage_sim(fixture: str, stage: Path, library: Path) -> Path:
     # Device nodes become a boot script: podman cp would not carry them, and /dev is the host's own.
     lines = ["#!/bin/sh", "# Device nodes of the simulated GPUs, at /dev and in the sim root's host view.",
              "set -e", f"mkdir -p {SIM_DIR}/host/dev"]  # fmt: skip
-    for node in sorted((root / "host/dev").iterdir()):
+    dev, made = root / "host/dev", {"/dev", f"{SIM_DIR}/host/dev"}
+    # (nvidia-caps/: the MIG capability nodes of MIG-capable GPUs, which MIG devices' pods are given)
+    for node in sorted(dev.rglob("*")):
         st = node.lstat()
         if not stat.S_ISCHR(st.st_mode):
             continue
         major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        for where in (f"/dev/{node.name}", f"{SIM_DIR}/host/dev/{node.name}"):
+        name = node.relative_to(dev).as_posix()
+        for where in (f"/dev/{name}", f"{SIM_DIR}/host/dev/{name}"):
+            parent = where.rsplit("/", 1)[0]
+            if parent not in made:
+                made.add(parent)
+                lines.append(f"mkdir -p {parent}")
             lines.append(f"[ -c {where} ] || mknod -m 666 {where} c {major} {minor}")
         node.unlink()
     script = root / "bin/gpufleet-sim-devices"

@@ -210,8 +210,9 @@ def _core(kubeconfig: str) -> Any:
 
 
 def node_conditions(kubeconfig: str) -> dict[str, dict[str, Any]]:
-    """Node name → Ready, allocatable GPUs (``nvidia.com/gpu``) and GiB of GPU memory to share
-    (``gpufleet.io/gpu-mem``), as the API server reports them."""
+    """Node name → Ready, allocatable GPUs (``nvidia.com/gpu``), GiB of GPU memory to share
+    (``gpufleet.io/gpu-mem``) and MIG devices per resource (``nvidia.com/mig-<profile>``), as the API
+    server reports them."""
     core = _core(kubeconfig)
     try:
         out = {}
@@ -222,6 +223,7 @@ def node_conditions(kubeconfig: str) -> dict[str, dict[str, Any]]:
                 "ready": ready,
                 "gpus": int(alloc.get("nvidia.com/gpu", "0")),
                 "gpu_mem": int(alloc.get("gpufleet.io/gpu-mem", "0")),
+                "mig": {k: int(v) for k, v in sorted(alloc.items()) if k.startswith("nvidia.com/mig-")},
             }
         return out
     finally:
@@ -265,6 +267,7 @@ def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
                  "gpufleet_container_runtime": h.runtime}
         | ({"nvidia_container_toolkit_default_runtime": False} if h.runtime_class else {})
         | ({"gpufleet_device_plugin_config_name": h.device_plugin_config} if h.device_plugin_config else {})
+        | ({"gpufleet_mig_enabled": True, "nvidia_mig_layout": h.mig_layout} if h.mig_layout else {})
         for h in spec.hosts
     }  # fmt: skip
     groups: dict[str, Any] = {"gpu_nodes": {"hosts": hosts}}
@@ -370,6 +373,7 @@ def status(spec: LabSpec) -> dict[str, Any]:
             "container_state": running.get(spec.container(h), "absent"),
             "node_ready": bool(node.get("ready")),
             "allocatable_gpus": node.get("gpus", 0),
+            "allocatable_mig": node.get("mig", {}),
         }
     doc["up"] = bool(doc["supervisor"]) and all(
         v["container_state"] == "running" and v["node_ready"] for v in doc["hosts"].values()

@@ -32,8 +32,11 @@ class HostSpec:
     # other way); else nvidia is the default runtime. containerd only: dockershim runs no other handler.
     runtime_class: bool = False
     # The device plugin's named configuration the host picks (inventory/lab/group_vars: whole, memory,
-    # sliced); "" for the default (whole GPUs).
+    # sliced, mig); "" for the default (whole GPUs).
     device_plugin_config: str = ""
+    # The MIG layout the host gets (role nvidia_mig, a layout of nvidia_mig_config in
+    # inventory/lab/group_vars); "" for none.
+    mig_layout: str = ""
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -51,10 +54,20 @@ class HostSpec:
 # role's daemon.json merge proven end to end. The DGX stays on containerd: it runs the extender and the
 # NVLink and fabric manager checks, the paths a current cluster exercises most. The T4 host keeps runc as
 # containerd's default and its GPU pods name the RuntimeClass `nvidia`: both ways the GPU Operator supports.
+# Modes: the DGX gives whole GPUs and, on one GPU, MIG devices (a mixed layout, MIG strategy mixed); the T4
+# host shares GPU memory through the extender; the V100 VM is time-sliced.
 # One DaemonSet serves each host the mode its configuration label picks: the DGX whole GPUs (NVLink pairs),
 # the T4 host GPU memory shared through the extender, the V100 VM time-sliced GPUs (docs/lab.md).
 DEFAULT_HOSTS = (
-    HostSpec("dgx-a100", "dgx-a100", ("nvswitch",), runs_extender=True, runtime="containerd"),
+    HostSpec(
+        "dgx-a100",
+        "dgx-a100",
+        ("nvswitch",),
+        runs_extender=True,
+        runtime="containerd",
+        device_plugin_config="mig",
+        mig_layout="lab-mixed",
+    ),
     HostSpec(
         "pcie-2x-t4", "pcie-2x-t4", runtime="containerd", runtime_class=True, device_plugin_config="memory"
     ),
