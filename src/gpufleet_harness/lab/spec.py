@@ -54,10 +54,9 @@ class HostSpec:
 # role's daemon.json merge proven end to end. The DGX stays on containerd: it runs the extender and the
 # NVLink and fabric manager checks, the paths a current cluster exercises most. The T4 host keeps runc as
 # containerd's default and its GPU pods name the RuntimeClass `nvidia`: both ways the GPU Operator supports.
-# Modes: the DGX gives whole GPUs and, on one GPU, MIG devices (a mixed layout, MIG strategy mixed); the T4
-# host shares GPU memory through the extender; the V100 VM is time-sliced.
-# One DaemonSet serves each host the mode its configuration label picks: the DGX whole GPUs (NVLink pairs),
-# the T4 host GPU memory shared through the extender, the V100 VM time-sliced GPUs (docs/lab.md).
+# One DaemonSet serves each host the mode its configuration label picks: the DGX whole GPUs (NVLink pairs)
+# and, on its GPU 7 (MIG layout lab-mixed), MIG devices under the mixed strategy; the T4 host GPU memory
+# shared through the extender; the V100 VM time-sliced GPUs (docs/lab.md).
 DEFAULT_HOSTS = (
     HostSpec(
         "dgx-a100",
