@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpufleet_harness.cluster import cri as crimod
 from gpufleet_harness.lab import hostsetup
 from gpufleet_harness.lab import lab as fleetlab
 from gpufleet_harness.lab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
@@ -62,7 +63,7 @@ def test_kubelet_unit_per_runtime() -> None:
             runtime_flags=flags)  # fmt: skip
     cri = units["containerd"]
     assert "--container-runtime=remote \\\n" in cri
-    assert f"--container-runtime-endpoint=unix://{hostsetup.CONTAINERD_SOCKET} \\\n" in cri
+    assert f"--container-runtime-endpoint=unix://{crimod.CONTAINERD_SOCKET} \\\n" in cri
     assert "--runtime-request-timeout=15m" in cri and "Requires=containerd.service" in cri
     docker = units["docker"]
     assert "--container-runtime=docker \\\n" in docker and "Requires=docker.service" in docker
@@ -76,7 +77,7 @@ def test_kubelet_unit_per_runtime() -> None:
 def test_containerd_config_is_what_cri_needs() -> None:
     import tomllib
 
-    config = tomllib.loads(hostsetup.CONTAINERD_CONFIG.format(pause="gpufleet-lab/pause:1"))
+    config = tomllib.loads(crimod.CONTAINERD_CONFIG.format(pause="gpufleet-lab/pause:1"))
     assert config["version"] == 2
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == "gpufleet-lab/pause:1"
@@ -85,7 +86,7 @@ def test_containerd_config_is_what_cri_needs() -> None:
     assert runc["runtime_type"] == "io.containerd.runc.v2"
     assert runc["options"]["SystemdCgroup"] is False  # the kubelet's --cgroup-driver=cgroupfs
     assert "disabled_plugins" not in config
-    conflist = hostsetup.CNI_CONFLIST
+    conflist = crimod.CNI_CONFLIST
     assert [p["type"] for p in conflist["plugins"]] == ["bridge", "portmap"]
     assert hostsetup.CNI_CONFLIST_PATH.startswith(cri["cni"]["conf_dir"] + "/")
     assert hostsetup.CNI_CONFLIST_PATH.endswith(".conflist")
@@ -99,7 +100,7 @@ def test_containerd_config_is_what_cri_needs() -> None:
     ("registry:5000/x:1", "registry:5000/x:1"),
 ])  # fmt: skip
 def test_cri_image_names(image: str, stored: str) -> None:
-    assert hostsetup.cri_image_name(image) == stored
+    assert crimod.cri_image_name(image) == stored
 
 
 def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path)
         info.size = 2
         tar.addfile(info, io.BytesIO(b"hi"))
     out = io.BytesIO()
-    hostsetup.write_docker_archive(out, "gpufleet-lab/x:1", rootfs, list(IMPORT_CHANGES))
+    crimod.write_docker_archive(out, "gpufleet-lab/x:1", rootfs, list(IMPORT_CHANGES))
     out.seek(0)
     with tarfile.open(fileobj=out) as archive:
         manifest = json.load(archive.extractfile("manifest.json"))  # type: ignore[arg-type]
@@ -131,7 +132,7 @@ def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path)
     assert config["config"]["Entrypoint"] == ["python3", "-m", "gpufleet.deviceplugin"]
     assert any(e.startswith("PATH=/usr/local/sbin:") for e in config["config"]["Env"])
     with pytest.raises(ValueError, match="only ENV, ENTRYPOINT and CMD"):
-        hostsetup.write_docker_archive(io.BytesIO(), "x:1", rootfs, ["-c", "WORKDIR /x"])
+        crimod.write_docker_archive(io.BytesIO(), "x:1", rootfs, ["-c", "WORKDIR /x"])
 
 
 def _state() -> dict:

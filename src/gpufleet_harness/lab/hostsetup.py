@@ -18,20 +18,22 @@ What is installed in a host, and where (the roles see only the one fact the lab 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import os
 import shutil
 import stat
 import subprocess
-import tarfile
 import tempfile
-import threading
 from pathlib import Path
-from typing import IO, Any
 
 from gpufleet_harness.cluster import oci_runtime
+from gpufleet_harness.cluster.cri import (
+    CNI_CONFLIST,
+    CONTAINERD_CONFIG,
+    CONTAINERD_SOCKET,
+    cri_image_name,
+    write_docker_archive,
+)
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE
 from gpufleet_harness.cluster.process import LabError, wait_for
 from gpufleet_harness.sim import machine as simmachine
@@ -79,7 +81,6 @@ RestartSec=2
 [Install]
 WantedBy=multi-user.target
 """
-CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 # Kubelet 1.20 flags per runtime: (what the unit says, the runtime's unit, flags). dockershim is built into
 # the kubelet. containerd: CRI (v1alpha2 in 1.20, which containerd 1.6 serves) on containerd's socket, with
 # --runtime-request-timeout=15m as containerd's CRI guide for kubeadm nodes sets it (the default 2 min can
@@ -96,58 +97,7 @@ KUBELET_RUNTIME_FLAGS = {
     ),
 }
 
-# containerd as a cluster installer configures it for a kubelet (kubeadm's "container runtimes" page for
-# containerd): config version 2, CRI plugin enabled (Debian's package does not disable it), runc through
-# the runc v2 shim with the cgroupfs driver the kubelet uses (SystemdCgroup = false), the sandbox (pause)
-# image the lab loads, CNI binaries where Debian's containernetworking-plugins puts them. Checked against
-# `containerd config dump` of Debian 12's containerd 1.6.20 (docs/lab.md).
-# restrict_oom_score_adj is lab glue like /usr/local/sbin/runc: this machine's root lacks CAP_SYS_RESOURCE,
-# so negative oom_score_adj (CRI asks -998 for sandboxes) is clamped to containerd's own score.
-CONTAINERD_CONFIG = """\
-# Installed by `gpufleet lab up` (the lab plays the cluster installer): containerd for a CRI kubelet.
-version = 2
-
-[plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "{pause}"
-    restrict_oom_score_adj = true
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
-      conf_dir = "/etc/cni/net.d"
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      default_runtime_name = "runc"
-      snapshotter = "overlayfs"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "/var/lib/containerd/opt"
-"""
-# The pod network of a containerd host: one bridge on the host (each lab host is its own network namespace,
-# so every host may use the same range), addresses from host-local, portmap for hostPort; containerd's CRI
-# adds the loopback plugin to every pod itself. CNI spec 1.0.0, which containernetworking-plugins 1.1.1 and
-# containerd 1.6's libcni speak.
 CNI_CONFLIST_PATH = "/etc/cni/net.d/10-gpufleet-lab.conflist"
-CNI_CONFLIST = {
-    "cniVersion": "1.0.0",
-    "name": "gpufleet-lab",
-    "plugins": [
-        {
-            "type": "bridge",
-            "bridge": "cni0",
-            "isGateway": True,
-            "ipMasq": True,
-            "hairpinMode": True,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": "10.88.0.0/16"}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-            },
-        },
-        {"type": "portmap", "capabilities": {"portMappings": True}},
-    ],
-}
 DEVICES_UNIT = """\
 # Installed by `gpufleet lab up`: the simulated GPUs' device nodes, as the driver's udev rules make them.
 [Unit]
@@ -325,65 +275,6 @@ def configure_runtime(spec: LabSpec, host: HostSpec) -> None:
         raise HostError(str(err)) from None
 
 
-def _changes_to_config(changes: list[str]) -> dict[str, Any]:
-    """``docker import -c`` instructions (ENV, ENTRYPOINT, CMD) as an image config's ``config``."""
-    config: dict[str, Any] = {}
-    values = [c for c in changes if c != "-c"]
-    for change in values:
-        verb, _, rest = change.partition(" ")
-        if verb == "ENV":
-            config.setdefault("Env", []).extend(rest.split())
-        elif verb in ("ENTRYPOINT", "CMD"):
-            config["Entrypoint" if verb == "ENTRYPOINT" else "Cmd"] = json.loads(rest)
-        else:
-            raise ValueError(f"image change {change!r}: only ENV, ENTRYPOINT and CMD are translated")
-    return config
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-_DIGESTS_LOCK = threading.Lock()
-
-
-def _sha256(path: Path) -> str:
-    """sha256 of a file, once per file version per process (the hosts load the same tarballs in parallel)."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    with _DIGESTS_LOCK:
-        if key not in _DIGESTS:
-            digest = hashlib.sha256()
-            with path.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-            _DIGESTS[key] = digest.hexdigest()
-        return _DIGESTS[key]
-
-
-def write_docker_archive(out: IO[bytes], image: str, rootfs: Path, changes: list[str]) -> None:
-    """A one-layer image in ``docker save`` format (what ``docker import`` of ``rootfs`` would make), streamed
-    to ``out``: manifest.json naming ``image``, the image config, the rootfs tarball as the layer."""
-    layer = _sha256(rootfs)
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": _changes_to_config(changes),
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer}"]},
-        "history": [{"created_by": f"gpufleet lab: {rootfs.name} as a single layer"}],
-    }
-    config_blob = json.dumps(config, sort_keys=True).encode()
-    config_name = hashlib.sha256(config_blob).hexdigest() + ".json"
-    manifest = [{"Config": config_name, "RepoTags": [image], "Layers": [f"{layer}/layer.tar"]}]
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for member, data in ((config_name, config_blob), ("manifest.json", json.dumps(manifest).encode())):
-            info = tarfile.TarInfo(member)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-        info = tar.gettarinfo(str(rootfs), arcname=f"{layer}/layer.tar")
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        with rootfs.open("rb") as fh:
-            tar.addfile(info, fh)
-
-
 def _ctr_import(container: str, image: str, rootfs: Path, changes: list[str]) -> None:
     """Stream the image into the host's containerd, namespace ``k8s.io`` (where CRI keeps its images)."""
     with tempfile.TemporaryFile() as output:
@@ -399,17 +290,6 @@ def _ctr_import(container: str, image: str, rootfs: Path, changes: list[str]) ->
         said = output.read().decode(errors="replace").strip()
     if rc != 0:
         raise HostError(f"{container}: ctr images import of {image} exited {rc}: {said[-800:]}")
-
-
-def cri_image_name(image: str) -> str:
-    """The fully qualified name containerd stores an image under (the CRI plugin normalizes pod image
-    references the same way; ``ctr`` does not): ``docker.io`` and ``library/`` added where missing."""
-    first, _, rest = image.partition("/")
-    if not rest:
-        return f"docker.io/library/{image}"
-    if "." in first or ":" in first or first == "localhost":
-        return image
-    return f"docker.io/{image}"
 
 
 def load_images(spec: LabSpec, host: HostSpec, k8s_images: Path, gpufleet_image: tuple[str, Path]) -> None:
