@@ -39,7 +39,7 @@ def control_plane(stack: LabStack) -> ControlPlane:
 
 @pytest.fixture(scope="session")
 def kubelet_node(stack: LabStack, lab: Lab, control_plane: ControlPlane) -> KubeletNode:
-    """A real kubelet + dockerd node, Ready and untainted; device plugins go in ``.device_plugin_dir``."""
+    """A real kubelet on containerd CRI, Ready and untainted; device plugins go in ``.device_plugin_dir``."""
     started = time.monotonic()
     node = lab.start_kubelet_node("lab-node", labels={"gpufleet.io/lab-node": "true"})
     stack.timings["kubelet node lab-node Ready"] = time.monotonic() - started

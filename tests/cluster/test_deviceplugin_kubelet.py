@@ -415,7 +415,7 @@ def test_pod_with_one_gpu_sees_exactly_that_gpu_and_its_device_nodes(
     assert uuid in plugin.uuids
     allocated = plugin.wait_event("Allocate answered", "allocated")
     assert allocated["devices"] == uuid and allocated["count"] == 1
-    # dockershim mapped the device specs: the container has the GPU's own node and the control nodes
+    # containerd (CRI) mapped the device specs: the container has the GPU's own node and the control nodes
     # (the simulator's are real character devices with NVIDIA's numbers), and no other GPU's node.
     minor = plugin.minors[uuid]
     assert view.char_devices.get(f"/dev/nvidia{minor}") == (195, minor), view

@@ -5,7 +5,7 @@ The MIG layout is made through the unmodified pynvml on a fresh simulated dgx-a1
 the plugin then runs inside the lab node as in test_deviceplugin_kubelet.py. What is read: the Node's
 capacity and allocatable per resource (the kubelet's view of each registration), and what a pod's container
 sees: ``NVIDIA_VISIBLE_DEVICES`` and its ``/dev/nvidia*`` and ``/dev/nvidia-caps/*`` character devices, as
-dockershim made them from the plugin's device specs.
+containerd (CRI) made them from the plugin's device specs.
 """
 
 from __future__ import annotations

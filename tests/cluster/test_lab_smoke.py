@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from kubernetes.stream import stream
 from lab_deviceplugin import FakeDevicePlugin, load_api
 from lab_extender import PassThroughExtender
 
-from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, wait_for_pod_phase
+from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler, wait_for_pod_phase
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE, KubeletNode
 from gpufleet_harness.cluster.process import wait_for
 
@@ -35,7 +36,7 @@ def _pod(
     container = k8s.V1Container(
         name="c",
         image=image,
-        image_pull_policy="Never",  # no registry: images are imported into the node's dockerd
+        image_pull_policy="Never",  # no registry: images are imported into the node's runtime
         command=command,
         resources=k8s.V1ResourceRequirements(limits=limits) if limits else None,
         volume_mounts=[k8s.V1VolumeMount(mount_path=p, name=v) for p, v in (mounts or {}).items()] or None,
@@ -214,27 +215,54 @@ def test_kubelet_node_is_ready_on_its_veth_address(core: k8s.CoreV1Api, kubelet_
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addresses["InternalIP"] == kubelet_node.node_ip
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.20.2"
-    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("docker://20.10")
+    # containerd through CRI by default, as Kubernetes nodes run since dockershim's removal
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://1.6")
     assert not [t for t in node["spec"].get("taints", []) if t["key"] == "node.kubernetes.io/not-ready"]
     assert node["metadata"]["labels"]["gpufleet.io/lab-node"] == "true"
     assert kubelet_node.kubelet_socket.is_socket()
 
 
-def test_busybox_pod_runs_and_exec_works(
-    core: k8s.CoreV1Api, kubelet_node: KubeletNode, namespace: str
-) -> None:
+def _busybox_runs_and_exec_works(core: k8s.CoreV1Api, node: KubeletNode, namespace: str, name: str) -> None:
+    """A pod's log and ``kubectl exec`` (the kubelet proxies the runtime's streaming server) on ``node``."""
     command = ["/bin/sh", "-c", "echo started-$((6*7)); exec sleep 3600"]
     core.create_namespaced_pod(
-        namespace, _pod("bb", BUSYBOX_IMAGE, command=command, node_name=kubelet_node.name,
+        namespace, _pod(name, BUSYBOX_IMAGE, command=command, node_name=node.name,
                         termination_grace_period_seconds=0),
     )  # fmt: skip
-    wait_for_pod_phase(core, "bb", namespace, {"Running"}, 90)
-    logs = wait_for("pod log", lambda: core.read_namespaced_pod_log("bb", namespace), 30, interval=0.2)
+    wait_for_pod_phase(core, name, namespace, {"Running"}, 90)
+    logs = wait_for("pod log", lambda: core.read_namespaced_pod_log(name, namespace), 30, interval=0.2)
     assert "started-42" in logs
-    out = stream(core.connect_get_namespaced_pod_exec, "bb", namespace,
+    out = stream(core.connect_get_namespaced_pod_exec, name, namespace,
                  command=["sh", "-c", "echo exec-$((7*6)) $(cat /proc/1/comm)"],
                  stdout=True, stderr=True, stdin=False, tty=False)  # fmt: skip
     assert out.strip() == "exec-42 sleep"
+
+
+def test_busybox_pod_runs_and_exec_works(
+    core: k8s.CoreV1Api, kubelet_node: KubeletNode, namespace: str
+) -> None:
+    _busybox_runs_and_exec_works(core, kubelet_node, namespace, "bb")
+    pod = _plain(core.read_namespaced_pod("bb", namespace))
+    # the pod network is containerd's CNI bridge (cri.CNI_CONFLIST), not the node's address
+    assert pod["status"]["podIP"].startswith("10.88."), pod["status"]
+    assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+
+
+def test_dockershim_node_still_works(core: k8s.CoreV1Api, lab: Lab, namespace: str) -> None:
+    """The harness keeps dockershim as a choice (``runtime="docker"``): a short-lived node runs a pod."""
+    node = lab.start_kubelet_node("lab-dockershim", runtime="docker")
+    try:
+        info = _plain(core.read_node(node.name))["status"]["nodeInfo"]
+        assert info["containerRuntimeVersion"].startswith("docker://20.10"), info
+        _busybox_runs_and_exec_works(core, node, namespace, "bb-docker")
+        pod = _plain(core.read_namespaced_pod("bb-docker", namespace))
+        assert pod["status"]["containerStatuses"][0]["containerID"].startswith("docker://")
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespaced_pod("bb-docker", namespace, grace_period_seconds=0)
+        node.stop()
+        # no kubelet keeps it any more: DaemonSets of later tests must not target it
+        core.delete_node(node.name)
 
 
 def test_device_plugin_registers_capacity_and_allocates(

@@ -1,5 +1,5 @@
 """The test session's Kubernetes lab: control plane, two real kubelet nodes with simulated GPUs, the gpufleet
-image in their dockerd, and the glue pods need in the lab.
+image in their containerd, and the glue pods need in the lab.
 
 One ``LabStack`` per test process (the session fixture ``stack`` in tests/conftest.py) serves tests/cluster,
 tests/k8s_modules and tests/validation: tests/cluster adds its own ``lab-node`` kubelet and per-test
@@ -15,12 +15,12 @@ private), so one pod spec mounts the right machine on whichever node it lands.
 
 Lab glue, all outside the code under test:
 
-- **API access for host-network pods.** Pods with ``hostNetwork`` share dockerd's network namespace, where
+- **API access for host-network pods.** Pods with ``hostNetwork`` share containerd's network namespace, where
   127.0.0.1 is not the host's. A relay listens in that namespace on ``127.0.0.1:<apiserver port>`` and
   forwards to the host's; pods get ``KUBERNETES_SERVICE_HOST/PORT`` pointing there (``pod_env``), and the
   apiserver's certificate (which names 127.0.0.1) verifies.
 - **Probes.** The kubelet probes a host-network pod at the node's InternalIP, which lives in the host's
-  namespace; a relay there forwards probe ports to dockerd's side of the veth.
+  namespace; a relay there forwards probe ports to containerd's side of the veth.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class LabStack:
                 simmachine.materialize(fixture, gpu_node.sim_root, library=self.sim_lib)
                 with timed(self.timings, f"image import on {name}"):
                     load_into(node, image)
-                listener = listen_in_netns(node._dockerd_pid(), ("127.0.0.1", cp.port))
+                listener = listen_in_netns(node.netns_pid(), ("127.0.0.1", cp.port))
                 self._relays.append(Relay(listener, ("127.0.0.1", cp.port)))
                 self._nodes[name] = gpu_node
         return self._nodes
@@ -239,7 +239,7 @@ class LabStack:
             self.scheduler(config)
 
     def expose_probe_port(self, port: int) -> None:
-        """Forward ``node IP:port`` (where the kubelet probes host-network pods) into each node's dockerd."""
+        """Forward ``node IP:port`` (where the kubelet probes host-network pods) into each node's runtime."""
         for gpu_node in self.nodes().values():
             node = gpu_node.node
             key = (str(node.node_ip), port)

@@ -77,7 +77,7 @@ def test_kubelet_unit_per_runtime() -> None:
 def test_containerd_config_is_what_cri_needs() -> None:
     import tomllib
 
-    config = tomllib.loads(crimod.CONTAINERD_CONFIG.format(pause="gpufleet-lab/pause:1"))
+    config = tomllib.loads(crimod.containerd_config("gpufleet-lab/pause:1", hostsetup.CONTAINERD_COMMENT))
     assert config["version"] == 2
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == "gpufleet-lab/pause:1"

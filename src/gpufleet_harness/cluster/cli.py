@@ -23,6 +23,7 @@ from pathlib import Path
 
 from gpufleet_harness.cluster.cluster import LAB_PREFIX, OWNER_FILE, Lab, reap_stale_labs
 from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s, missing_build_requirements
+from gpufleet_harness.cluster.node import RUNTIMES
 from gpufleet_harness.cluster.process import LabError
 
 
@@ -59,7 +60,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             cp = lab.start_control_plane()
             if args.scheduler or args.extender_config:
                 lab.start_scheduler(args.extender_config)
-            nodes = [lab.start_kubelet_node(name) for name in args.node]
+            nodes = [lab.start_kubelet_node(name, runtime=args.runtime) for name in args.node]
             kubeconfig = cp.kubeconfig()
             (lab.dir / "env").write_text(f"export KUBECONFIG={kubeconfig}\n")
             summary = {
@@ -67,7 +68,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                 "kubeconfig": str(kubeconfig),
                 "apiserver": cp.url,
                 "nodes": {
-                    n.name: {"ip": n.node_ip, "device_plugin_dir": str(n.device_plugin_dir)} for n in nodes
+                    n.name: {
+                        "ip": n.node_ip,
+                        "runtime": n.runtime,
+                        "device_plugin_dir": str(n.device_plugin_dir),
+                    }
+                    for n in nodes
                 },
                 "seconds": round(time.monotonic() - started, 1),
             }
@@ -152,6 +158,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], na
     up.add_argument("--scheduler", action="store_true", help="start kube-scheduler")
     up.add_argument("--extender-config", help="YAML with an extenders section (implies --scheduler)")
     up.add_argument("--node", action="append", default=[], metavar="NAME", help="start a kubelet node")
+    up.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="containerd",
+        help="the nodes' container runtime: containerd through CRI (default), or dockershim",
+    )
     up.add_argument("--keep", action="store_true", help="keep the lab directory after stopping")
     up.set_defaults(func=cmd_up)
 

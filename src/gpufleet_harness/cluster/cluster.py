@@ -460,11 +460,14 @@ class Lab:
         return scheduler.start()
 
     def start_kubelet_node(
-        self, name: str = "lab-node", labels: Mapping[str, str] | None = None
+        self, name: str = "lab-node", labels: Mapping[str, str] | None = None, runtime: str = "containerd"
     ) -> KubeletNode:
-        """A real kubelet + dockerd node in private namespaces; Ready and untainted on return."""
+        """A real kubelet node in private namespaces, on containerd CRI (or dockershim: ``runtime="docker"``);
+        Ready and untainted on return."""
 
-        node = KubeletNode(self, self._require_cp(), name, index=len(self.nodes), labels=labels)
+        node = KubeletNode(
+            self, self._require_cp(), name, index=len(self.nodes), labels=labels, runtime=runtime
+        )
         self.nodes.append(node)
         self._cleanup.callback(node.stop)
         return node.start()

@@ -26,17 +26,17 @@ CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 # `containerd config dump` of Debian 12's containerd 1.6.20 (docs/lab.md).
 # restrict_oom_score_adj is lab glue like /usr/local/sbin/runc: this machine's root lacks CAP_SYS_RESOURCE,
 # so negative oom_score_adj (CRI asks -998 for sandboxes) is clamped to containerd's own score.
-CONTAINERD_CONFIG = """\
-# Installed by `gpufleet lab up` (the lab plays the cluster installer): containerd for a CRI kubelet.
+_CONTAINERD_TEMPLATE = """\
+# {comment}
 version = 2
-
+{top}
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
     sandbox_image = "{pause}"
     restrict_oom_score_adj = true
-    [plugins."io.containerd.grpc.v1.cri".cni]
+{cri}    [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "/usr/lib/cni"
-      conf_dir = "/etc/cni/net.d"
+      conf_dir = "{cni_conf_dir}"
     [plugins."io.containerd.grpc.v1.cri".containerd]
       default_runtime_name = "runc"
       snapshotter = "overlayfs"
@@ -44,9 +44,35 @@ version = 2
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
-  [plugins."io.containerd.internal.v1.opt"]
+{runc}  [plugins."io.containerd.internal.v1.opt"]
     path = "/var/lib/containerd/opt"
 """
+
+
+def containerd_config(
+    sandbox_image: str,
+    comment: str,
+    *,
+    address: str | None = None,
+    stream_server_address: str | None = None,
+    cni_conf_dir: str = "/etc/cni/net.d",
+    runc_binary: str | None = None,
+) -> str:
+    """containerd's ``config.toml`` for a CRI kubelet. The defaults are a host's own containerd; a test
+    cluster's node, which shares the machine's /etc and network, names its own socket (``address``; root and
+    state stay containerd's defaults under the node's private /var and /run), the address its streaming
+    server (exec, attach, port-forward) listens on where the kubelet can reach it, its CNI directory, and
+    the runc it runs (``runc_binary``)."""
+    top = ""
+    if address is not None:
+        top = f'root = "/var/lib/containerd"\nstate = "/run/containerd"\n\n[grpc]\n  address = "{address}"\n'
+    cri = f'    stream_server_address = "{stream_server_address}"\n' if stream_server_address else ""
+    runc = f'          BinaryName = "{runc_binary}"\n' if runc_binary else ""
+    return _CONTAINERD_TEMPLATE.format(
+        comment=comment, top=top, pause=sandbox_image, cri=cri, cni_conf_dir=cni_conf_dir, runc=runc
+    )
+
+
 # The pod network of a containerd host: one bridge on the host (each lab host is its own network namespace,
 # so every host may use the same range), addresses from host-local, portmap for hostPort; containerd's CRI
 # adds the loopback plugin to every pod itself. CNI spec 1.0.0, which containernetworking-plugins 1.1.1 and

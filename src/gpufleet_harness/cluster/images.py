@@ -1,6 +1,6 @@
 """The gpufleet container image for the lab: Debian minbase + python3 + gpufleet and its runtime deps.
 
-The lab has no registry, so images are tarballs ``docker import``-ed into a node's dockerd. One image
+The lab has no registry, so images are tarballs imported into a node's container runtime. One image
 serves every in-cluster piece the Ansible modules deploy and the validation suites run:
 
 - ``ENTRYPOINT python3 -m gpufleet.deviceplugin``: the device plugin DaemonSet (args ``--config ...``);
@@ -10,12 +10,12 @@ serves every in-cluster piece the Ansible modules deploy and the validation suit
   ``LD_LIBRARY_PATH`` / ``GPUFLEET_SIM_ROOT``, as the NVIDIA container toolkit would mount the real driver.
   The wrapper also plays the toolkit's device filtering: it passes ``NVIDIA_VISIBLE_DEVICES`` (set by the
   device plugin's Allocate) to ``-i``, so a pod lists only the GPUs it was given. The device nodes a pod
-  sees (``/dev/nvidiaN``) are the kubelet's and dockerd's real work, not the wrapper's.
+  sees (``/dev/nvidiaN``) are the kubelet's and the container runtime's real work, not the wrapper's.
 
 Build, cached by content::
 
     image = ensure_lab_image()            # $GPUFLEET_CACHE/lab-images/<key>/image.tar
-    name = load_into(node, image)         # docker import into a KubeletNode's dockerd (skipped if present)
+    name = load_into(node, image)         # into a KubeletNode's containerd or dockerd (skipped if present)
 
 Three cache levels: the debootstrap base (``base-<key>.tar``: suite, mirror, packages), the Python
 packages layer (``deps-<key>.tar``: the runtime distributions copied from this interpreter's
@@ -29,7 +29,6 @@ than the plugin's 128 MiB memory limit).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -375,11 +374,9 @@ IMPORT_CHANGES = (
 
 
 def load_into(node: KubeletNode, image: LabImage) -> str:
-    """``docker import`` the image into ``node``'s dockerd unless it is there; return the image name."""
-    with contextlib.suppress(LabError):
-        node.docker("image", "inspect", image.name)
-        return image.name
-    node.docker("import", *IMPORT_CHANGES, str(image.tarball), image.name)
+    """Import the image into ``node``'s container runtime unless it is there; return the image name."""
+    if not node.has_image(image.name):
+        node.load_image(image.name, image.tarball, IMPORT_CHANGES)
     return image.name
 
 

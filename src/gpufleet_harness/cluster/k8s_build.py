@@ -1,13 +1,13 @@
 """Build Kubernetes 1.20 from Debian's ``kubernetes`` source package into a version-keyed cache.
 
-The lab needs kube-apiserver, kube-scheduler, kube-controller-manager, kubelet (with its built-in
+The lab needs kube-apiserver, kube-scheduler, kube-controller-manager, kubelet (CRI, or its built-in
 dockershim) and kubectl, plus the root filesystems of two images (pause, busybox) because the build
 machines reach no container registry. Debian ships the 1.20 source with a full ``vendor/`` tree but only
 the client as a binary package, so the servers are compiled here, once per source version::
 
     ${GPUFLEET_CACHE:-/var/cache/gpufleet}/k8s/<debian-version>/
         bin/            the five binaries
-        images/         pause.tar, busybox.tar (``docker import`` input)
+        images/         pause.tar, busybox.tar (root filesystems, imported into a node's runtime)
         manifest.json   written last: its presence marks the entry complete
         src/, gopath/   the unpacked tree (kept for rebuilds; ``--prune`` removes it)
         logs/           one log per build step
@@ -90,7 +90,7 @@ class K8sArtifacts:
         return self.bin_dir / name
 
     def image(self, name: str) -> Path:
-        """Path of the ``docker import`` tarball of one of :data:`IMAGES`."""
+        """Path of the root filesystem tarball of one of :data:`IMAGES` (imported as a one-layer image)."""
         return self.images_dir / f"{name}.tar"
 
 

@@ -1,18 +1,25 @@
-"""A real kubelet node: dockerd 20.10 + kubelet 1.20 (dockershim) isolated from the host.
+"""A real kubelet node: kubelet 1.20 on containerd 1.6 through CRI (or on dockerd 20.10 through the kubelet's
+dockershim, ``runtime="docker"``), isolated from the host.
 
 Layout (host view, ``<node>`` = ``<lab dir>/nodes/<node name>``)::
 
     <node>/var, <node>/run    /var and /run inside the node's mount namespace
-    <node>/bin/oci-runtime    dockerd's default runtime: runc with negative oom_score_adj clamped
+    <node>/bin/oci-runtime    the runtime's runc: runc with negative oom_score_adj clamped
+    <node>/containerd.toml    containerd's config (CRI: sandbox image, CNI, the runc above; its socket, root
+                              and state under the node's /run and /var), so the host's never applies
+    <node>/var/lib/gpufleet-node/cni
+                              the pod network: a CNI bridge (Debian's containernetworking-plugins)
     <node>/daemon.json        dockerd's config, so a host /etc/docker/daemon.json never applies
 
 Namespaces: :mod:`gpufleet_harness.cluster.node_init` is PID 1 of a private mount + PID namespace;
-dockerd, the kubelet and anything :meth:`KubeletNode.spawn` starts join it with ``nsenter``. dockerd also
-gets its own network namespace. The kubelet stays in the host network namespace (it reaches the apiserver on
-127.0.0.1) and needs a non-loopback node IP on one of its interfaces: the host end of a veth pair whose
-peer sits in dockerd's namespace, addressed from a documentation /30 (RFC 5737) that overlaps nothing on
-the machine. The pair disappears with dockerd's namespace; stop() removes it anyway, and the cgroups
-dockerd made under ``/gpufleet-lab-<id>-<n>``.
+the container runtime, the kubelet and anything :meth:`KubeletNode.spawn` starts join it with ``nsenter``.
+The runtime also gets its own network namespace, where pods' networks hang off its bridge and host-network
+pods live. The kubelet stays in the host network namespace (it reaches the apiserver on 127.0.0.1) and needs
+a non-loopback node IP on one of its interfaces: the host end of a veth pair whose peer sits in the
+runtime's namespace, addressed from a documentation /30 (RFC 5737) that overlaps nothing on the machine.
+containerd's streaming server (exec, attach, port-forward) listens on the peer address, where the kubelet
+reaches it. The pair disappears with the runtime's namespace; stop() removes it anyway, and the cgroups the
+pods got under ``/gpufleet-lab-<id>-<n>`` (the kubelet's ``--cgroup-root``, dockerd's ``--cgroup-parent``).
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from kubernetes import client as k8s
 
-from gpufleet_harness.cluster import oci_runtime
+from gpufleet_harness.cluster import cri, oci_runtime
 from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_ok, run, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
 
@@ -53,6 +62,8 @@ _NET_LOCK = b"\0gpufleet-lab-node-network"
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # compile-time constant in the kubelet
+RUNTIMES = ("containerd", "docker")  # containerd CRI, or dockershim (removed from the kubelet in 1.24)
+CNI_CONF_DIR = "/var/lib/gpufleet-node/cni"  # inside the node: the machine's /etc/cni stays untouched
 
 
 def cgroup_parent(lab_id: str, index: int) -> str:
@@ -66,7 +77,7 @@ def veth_names(lab_id: str, index: int) -> tuple[str, str]:
 
 
 class KubeletNode:
-    """dockerd + kubelet registered as ``name`` with the lab's control plane."""
+    """A container runtime + kubelet registered as ``name`` with the lab's control plane."""
 
     def __init__(
         self,
@@ -76,7 +87,11 @@ class KubeletNode:
         *,
         index: int = 0,
         labels: Mapping[str, str] | None = None,
+        runtime: str = "containerd",
     ) -> None:
+        if runtime not in RUNTIMES:
+            raise LabError(f"node {name}: runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        self.runtime = runtime
         self.lab = lab
         self.control_plane = control_plane
         self.name = name
@@ -92,7 +107,7 @@ class KubeletNode:
         self.peer_ip: str | None = None
         self.init: Daemon | None = None
         self.init_pid: int | None = None
-        self.dockerd: Daemon | None = None
+        self.runtime_daemon: Daemon | None = None
         self.kubelet: Daemon | None = None
         self.spawned: list[Daemon] = []
         self.timings: dict[str, float] = {}
@@ -119,13 +134,12 @@ class KubeletNode:
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> KubeletNode:
-        """Namespace, dockerd, veth, images, kubelet; return when the Node is Ready and untainted."""
+        """Namespace, runtime and its veth, images, kubelet; return when the Node is Ready and untainted."""
         started = time.monotonic()
         self._prepare_dirs()
         self._start_namespace()
-        self._start_dockerd()
-        self.timings["dockerd"] = time.monotonic() - started
-        self._add_veth()
+        self._start_runtime()
+        self.timings[self.runtime] = time.monotonic() - started
         self._import_images()
         self._start_kubelet()
         self._wait_ready(timeout)
@@ -134,7 +148,7 @@ class KubeletNode:
         return self
 
     def _prepare_dirs(self) -> None:
-        for sub in ("lib/kubelet/device-plugins", "lib/docker", "log/pods", "log/containers", "tmp"):
+        for sub in ("lib/kubelet/device-plugins", "log/pods", "log/containers", "tmp"):
             (self.var / sub).mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.var / "run").symlink_to("/run")
@@ -184,28 +198,70 @@ class KubeletNode:
         self.spawned.append(daemon)
         return daemon
 
-    def _start_dockerd(self) -> None:
-        shim = self.dir / "bin" / "oci-runtime"
-        argv = [
-            "unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-            "dockerd", f"--config-file={self.dir / 'daemon.json'}",
-            "--data-root=/var/lib/docker", "--exec-root=/run/docker", "--pidfile=/run/docker.pid",
-            "-H", "unix:///run/docker.sock", f"--cgroup-parent=/{self.cgroup}", "--storage-driver=overlay2",
-            f"--add-runtime=lab-runc={shim}", "--default-runtime=lab-runc", "--shutdown-timeout=1",
-        ]  # fmt: skip
-        log_path = self.logs / f"node-{self.name}-dockerd.log"
-        self.dockerd = Daemon(f"dockerd[{self.name}]", self.nsenter(argv), log_path, stop_timeout=30)
-        wait_for(
-            "dockerd", lambda: _docker_ping(self.docker_socket), 60, interval=0.2, alive=self.dockerd.check
+    def _start_runtime(self) -> None:
+        """The runtime in a network namespace of its own: the namespace first (its process waits), then the
+        veth into it, then the runtime's config (containerd's names the veth's address), then the runtime."""
+        go = self.dir / "runtime.go"
+        if self.runtime == "containerd":
+            argv: list[str | os.PathLike[str]] = ["containerd", f"--config={self.dir / 'containerd.toml'}"]
+            answers = self._containerd_answers
+        else:
+            argv = [
+                "dockerd", f"--config-file={self.dir / 'daemon.json'}",
+                "--data-root=/var/lib/docker", "--exec-root=/run/docker", "--pidfile=/run/docker.pid",
+                "-H", "unix:///run/docker.sock", f"--cgroup-parent=/{self.cgroup}",
+                "--storage-driver=overlay2", f"--add-runtime=lab-runc={self.dir / 'bin' / 'oci-runtime'}",
+                "--default-runtime=lab-runc", "--shutdown-timeout=1",
+            ]  # fmt: skip
+            answers = lambda: _docker_ping(self.docker_socket)  # noqa: E731
+        holder = 'ip link set lo up && while [ ! -e "$0" ]; do sleep 0.05; done && exec "$@"'
+        daemon = Daemon(
+            f"{self.runtime}[{self.name}]",
+            self.nsenter(["unshare", "--net", "--", "sh", "-c", holder, go, *argv]),
+            self.logs / f"node-{self.name}-{self.runtime}.log",
+            stop_timeout=30,
         )
+        self.runtime_daemon = daemon
+        self._add_veth()
+        if self.runtime == "containerd":
+            self._write_containerd_config()
+        go.touch()
+        wait_for(self.runtime, answers, 60, interval=0.2, alive=daemon.check)
 
-    def _dockerd_pid(self) -> int:
-        """Host PID of dockerd (nsenter's child; it exec'd from unshare and sh)."""
-        assert self.dockerd is not None
-        return wait_for("dockerd pid", lambda: _child_pid(self.dockerd.pid if self.dockerd else 0), 5)
+    def _write_containerd_config(self) -> None:
+        (self.dir / "containerd.toml").write_text(
+            cri.containerd_config(
+                PAUSE_IMAGE,
+                f"gpufleet test cluster node {self.name}: containerd for its CRI kubelet",
+                address=cri.CONTAINERD_SOCKET,
+                stream_server_address=self.peer_ip,
+                cni_conf_dir=CNI_CONF_DIR,
+                runc_binary=str(self.dir / "bin" / "oci-runtime"),
+            )
+        )
+        cni_dir = self.var / CNI_CONF_DIR.removeprefix("/var/")
+        cni_dir.mkdir(parents=True, exist_ok=True)
+        (cni_dir / "10-gpufleet-node.conflist").write_text(json.dumps(cri.CNI_CONFLIST, indent=2) + "\n")
+
+    def ctr(self, *args: str, **kwargs: object) -> str:
+        """Run ``ctr`` against this node's containerd, namespace ``k8s.io`` (CRI's); return stdout."""
+        return run(self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, "--namespace", "k8s.io", *args]),
+                   **kwargs).stdout  # fmt: skip
+
+    def _containerd_answers(self) -> bool:
+        argv = self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, "version"])
+        return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+    def netns_pid(self) -> int:
+        """Host PID of a process in the runtime's network namespace (nsenter's child, which became the
+        runtime by exec)."""
+        daemon = self.runtime_daemon
+        if daemon is None:
+            raise LabError(f"node {self.name} has no container runtime yet")
+        return wait_for("runtime pid", lambda: _child_pid(daemon.pid), 5)
 
     def _add_veth(self) -> None:
-        pid = self._dockerd_pid()
+        pid = self.netns_pid()
         with _network_lock():
             net = pick_node_network()
             self.node_ip, self.peer_ip = (str(h) for h in net.hosts())
@@ -218,18 +274,48 @@ class KubeletNode:
         run([*inside, "link", "set", self.veth_peer, "up"])
 
     def docker(self, *args: str, **kwargs: object) -> str:
-        """Run the Docker CLI against this node's dockerd; return stdout."""
+        """Run the Docker CLI against this node's dockerd (``runtime="docker"``); return stdout."""
         # Debian's 20.10 client matches the daemon; a newer one elsewhere on PATH also works (API 1.41).
         cli = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
         return run([cli, "-H", f"unix://{self.docker_socket}", *args], **kwargs).stdout
 
+    def has_image(self, image: str) -> bool:
+        """True when the runtime holds ``image`` under the name pods use."""
+        if self.runtime == "containerd":
+            return cri.cri_image_name(image) in self.ctr("images", "ls", "-q").split()
+        try:
+            self.docker("image", "inspect", image)
+        except LabError:
+            return False
+        return True
+
+    def load_image(self, image: str, rootfs: Path, changes: Sequence[str]) -> None:
+        """Import a root filesystem tarball as ``image`` (no registry here). ``changes``: ``docker import -c``
+        instructions (ENV, ENTRYPOINT, CMD). containerd gets it as a one-layer ``docker save`` archive."""
+        if self.runtime == "docker":
+            self.docker("import", *changes, str(rootfs), image)
+            return
+        argv = self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, "--namespace", "k8s.io",
+                             "images", "import", "-"])  # fmt: skip
+        with tempfile.TemporaryFile() as output:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT)
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError), proc.stdin:
+                cri.write_docker_archive(proc.stdin, image, rootfs, list(changes))
+            rc = proc.wait(timeout=600)
+            output.seek(0)
+            said = output.read().decode(errors="replace").strip()
+        if rc != 0:
+            raise LabError(f"node {self.name}: ctr images import of {image} exited {rc}: {said[-800:]}")
+
     def _import_images(self) -> None:
         artifacts = self.lab.artifacts
-        self.docker("import", "-c", 'ENTRYPOINT ["/pause"]', str(artifacts.image("pause")), PAUSE_IMAGE)
-        self.docker("import", "-c", 'CMD ["/bin/sh"]', str(artifacts.image("busybox")), BUSYBOX_IMAGE)
+        self.load_image(PAUSE_IMAGE, artifacts.image("pause"), ["-c", 'ENTRYPOINT ["/pause"]'])
+        self.load_image(BUSYBOX_IMAGE, artifacts.image("busybox"), ["-c", 'CMD ["/bin/sh"]'])
 
     def _remove_containers(self) -> None:
-        """SIGKILL and remove all containers: dockerd's own shutdown waits up to 10 s per container."""
+        """SIGKILL and remove all containers: dockerd's own shutdown waits up to 10 s per container
+        (containerd's are killed with the node's namespace)."""
         try:
             ids = self.docker("ps", "-aq").split()
             if ids:
@@ -248,7 +334,7 @@ class KubeletNode:
         argv: list[str | os.PathLike[str]] = [
             self.dir / "bin" / "kubelet",
             f"--kubeconfig={kubeconfig}", f"--hostname-override={self.name}", f"--node-ip={self.node_ip}",
-            "--container-runtime=docker", "--docker-endpoint=unix:///run/docker.sock",
+            *self._runtime_flags(),
             f"--pod-infra-container-image={PAUSE_IMAGE}",
             "--fail-swap-on=false", "--cgroups-per-qos=false", "--enforce-node-allocatable=",
             "--cgroup-driver=cgroupfs", "--make-iptables-util-chains=false", "--oom-score-adj=0",
@@ -269,6 +355,13 @@ class KubeletNode:
         self.kubelet = Daemon(
             f"kubelet[{self.name}]", self.nsenter(argv), self.logs / f"node-{self.name}-kubelet.log"
         )
+
+    def _runtime_flags(self) -> list[str]:
+        if self.runtime == "docker":
+            return ["--container-runtime=docker", "--docker-endpoint=unix:///run/docker.sock"]
+        # Pod cgroups under the node's own parent (the kubelet sends it to CRI as the sandboxes' parent).
+        return ["--container-runtime=remote", f"--container-runtime-endpoint=unix://{cri.CONTAINERD_SOCKET}",
+                "--runtime-request-timeout=15m", f"--cgroup-root=/{self.cgroup}"]  # fmt: skip
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.kubelet is not None
@@ -296,7 +389,7 @@ class KubeletNode:
     def restart_kubelet(self, timeout: float = 120.0) -> None:
         """Stop the kubelet alone (SIGTERM) and start it again with the same flags, as a service restart does.
 
-        dockerd, containers and spawned processes (device plugins) keep running. The plugin directory is
+        The runtime, containers and spawned processes (device plugins) keep running. The plugin directory is
         left alone here: the new kubelet's device manager wipes it and binds a new ``kubelet.sock`` itself,
         which is what plugins must notice. Returns when the new ``kubelet.sock`` exists and the Node is
         Ready.
@@ -319,14 +412,14 @@ class KubeletNode:
 
     # -- stop ------------------------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop spawned processes, kubelet, dockerd, the namespace; remove the veth and cgroups."""
+        """Stop spawned processes, kubelet, the runtime, the namespace; remove the veth and cgroups."""
         for daemon in [*reversed(self.spawned), self.kubelet]:
             if daemon is not None:
                 daemon.stop()
-        if self.dockerd is not None:
-            if self.dockerd.running():
+        if self.runtime_daemon is not None:
+            if self.runtime == "docker" and self.runtime_daemon.running():
                 self._remove_containers()
-            self.dockerd.stop()
+            self.runtime_daemon.stop()
         self.spawned.clear()
         if self.init is not None:
             if self.init_pid is not None:

@@ -29,8 +29,8 @@ from pathlib import Path
 from gpufleet_harness.cluster import oci_runtime
 from gpufleet_harness.cluster.cri import (
     CNI_CONFLIST,
-    CONTAINERD_CONFIG,
     CONTAINERD_SOCKET,
+    containerd_config,
     cri_image_name,
     write_docker_archive,
 )
@@ -97,6 +97,9 @@ KUBELET_RUNTIME_FLAGS = {
     ),
 }
 
+CONTAINERD_COMMENT = (
+    "Installed by `gpufleet lab up` (the lab plays the cluster installer): containerd for a CRI kubelet."
+)
 CNI_CONFLIST_PATH = "/etc/cni/net.d/10-gpufleet-lab.conflist"
 DEVICES_UNIT = """\
 # Installed by `gpufleet lab up`: the simulated GPUs' device nodes, as the driver's udev rules make them.
@@ -263,7 +266,7 @@ def configure_runtime(spec: LabSpec, host: HostSpec) -> None:
         "DEBIAN_FRONTEND=noninteractive dpkg --purge docker.io >/dev/null && rm -rf /etc/docker"
     )
     exec_in(name, "sh", "-c", purge)
-    write_in(name, "/etc/containerd/config.toml", CONTAINERD_CONFIG.format(pause=PAUSE_IMAGE))
+    write_in(name, "/etc/containerd/config.toml", containerd_config(PAUSE_IMAGE, CONTAINERD_COMMENT))
     write_in(name, CNI_CONFLIST_PATH, json.dumps(CNI_CONFLIST, indent=2) + "\n")
     exec_in(name, "systemctl", "enable", "containerd.service")
     exec_in(name, "systemctl", "restart", "containerd.service")
