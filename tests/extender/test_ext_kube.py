@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from extender_builders import machine, node, pod
-from extender_fake_apiserver import FakeApiServer
 
 from gpufleet.extender.cluster import ConflictError, InvalidError, NotFoundError, UnavailableError
 from gpufleet.extender.kube import KubeCluster
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
+from gpufleet_harness.fakeapi import FakeApiServer
 
 
 def kube_cluster(url: str, **kwargs: object) -> KubeCluster:

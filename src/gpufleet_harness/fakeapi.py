@@ -1,4 +1,5 @@
-"""A Kubernetes API server stand-in over HTTP, backed by InMemoryCluster, for testing `KubeCluster`.
+"""A Kubernetes API server stand-in over HTTP, backed by InMemoryCluster: for `KubeCluster`'s tests and the
+extender's benchmark over HTTP (an extender process that lists and watches through the real client).
 
 It speaks just the endpoints the extender uses (list/watch/get/merge-patch nodes and pods, pods/binding),
 answers errors as `Status` objects with the right codes, keeps an event log so a watch from a
