@@ -15,6 +15,8 @@ import shlex
 import pytest
 from hostcheck import Target
 
+from gpufleet.imageref import qualified
+
 SUITE = "runtime"
 HOSTS_WITH = "runtime"
 DEFAULT_IMAGE = "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"
@@ -29,16 +31,6 @@ def _docker(target: Target) -> str:
 def _ctr(target: Target) -> str:
     address = target.want("containerd_address", "/run/containerd/containerd.sock")
     return f"ctr --address {shlex.quote(str(address))} --namespace k8s.io"
-
-
-def _containerd_ref(image: str) -> str:
-    """``ctr`` takes only fully qualified references; complete one as CRI (and docker) would."""
-    first, _, rest = image.partition("/")
-    if not rest:
-        return f"docker.io/library/{image}"
-    if "." in first or ":" in first or first == "localhost":
-        return image
-    return f"docker.io/{image}"
 
 
 def test_nvidia_runtime_configured(target: Target) -> None:
@@ -75,7 +67,7 @@ def test_nvidia_smi_in_container(target: Target) -> None:
         binary = target.want("runtime_binary", "/usr/bin/nvidia-container-runtime")
         command = (
             f"{_ctr(target)} run --rm --runc-binary {shlex.quote(str(binary))} "
-            f"--env NVIDIA_VISIBLE_DEVICES=all {shlex.quote(_containerd_ref(image))} "
+            f"--env NVIDIA_VISIBLE_DEVICES=all {shlex.quote(qualified(image))} "
             f"gpufleet-validate-{secrets.token_hex(3)} "
             f"{smi} -L"
         )

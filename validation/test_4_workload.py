@@ -38,9 +38,10 @@ def _ran(target_name: str, run: PodRun, what: str) -> None:
     )
 
 
-def _runtime_class(target: Target) -> str | None:
-    """The RuntimeClass this host's GPU pods name (where nvidia is not the default runtime), if any."""
-    return str(target.want("runtime_class") or "") or None
+def _on(target: Target) -> dict[str, str | None]:
+    """Where this host's GPU pods go: its node, and the RuntimeClass they name (where nvidia is not the
+    default runtime), if any."""
+    return {"node": _node_name(target), "runtime_class": str(target.want("runtime_class") or "") or None}
 
 
 def _resource(target: Target, cluster: Cluster) -> str:
@@ -62,9 +63,7 @@ def test_one_gpu_pod_sees_exactly_one_gpu(target: Target, cluster: Cluster) -> N
     if target.want("sharing") == "memory":
         pytest.skip("GPU-memory sharing node: whole GPUs are not advertised here")
     resource = _resource(target, cluster)
-    run = cluster.run_gpu_pod(
-        "one", {resource: "1"}, node=_node_name(target), runtime_class=_runtime_class(target)
-    )
+    run = cluster.run_gpu_pod("one", {resource: "1"}, **_on(target))
     _ran(target.name, run, f"a {resource}: 1")
     _exactly_one_gpu(target, run, resource)
 
@@ -74,13 +73,7 @@ def test_two_gpu_pod_gets_an_nvlink_pair(target: Target, cluster: Cluster) -> No
         pytest.skip("no NVLink expected on this host")
     if target.want("sharing") in ("memory", "time-slicing"):
         pytest.skip(f"{target.want('sharing')} node: two devices need not be two GPUs")
-    run = cluster.run_gpu_pod(
-        "pair",
-        {cluster.resource: "2"},
-        node=_node_name(target),
-        topology=True,
-        runtime_class=_runtime_class(target),
-    )
+    run = cluster.run_gpu_pod("pair", {cluster.resource: "2"}, topology=True, **_on(target))
     _ran(target.name, run, f"a {cluster.resource}: 2")
     assert len(run.gpus) == 2, f"{target.name}: a pod with 2 GPUs sees {len(run.gpus)}"
     (a, _, uuid_a), (b, _, uuid_b) = run.gpus
@@ -100,9 +93,7 @@ def test_time_sliced_gpu_is_shared_by_pods_running_at_once(target: Target, clust
         f"(got gpu_count={target.want('gpu_count')}, replicas={target.want('replicas')})"
     )
     resource = _resource(target, cluster)
-    runs = cluster.run_gpu_pods_at_once(
-        "slice", gpus + 1, {resource: "1"}, node=_node_name(target), runtime_class=_runtime_class(target)
-    )
+    runs = cluster.run_gpu_pods_at_once("slice", gpus + 1, {resource: "1"}, **_on(target))
     for run in runs:
         _ran(target.name, run, f"a time-sliced {resource}: 1")
         _exactly_one_gpu(target, run, resource)
@@ -118,9 +109,7 @@ def test_gpu_memory_pod_lands_where_the_extender_put_it(target: Target, cluster:
     if target.want("sharing") != "memory":
         pytest.skip("not a GPU-memory sharing node")
     gib = str(cluster.workload.get("gpu_mem_gib", 1))
-    run = cluster.run_gpu_pod(
-        "mem", {cluster.memory_resource: gib}, node=_node_name(target), runtime_class=_runtime_class(target)
-    )
+    run = cluster.run_gpu_pod("mem", {cluster.memory_resource: gib}, **_on(target))
     _ran(target.name, run, f"a {cluster.memory_resource}: {gib}")
     text = (run.pod["metadata"].get("annotations") or {}).get("gpufleet.io/assignment")
     assert text, f"pod {run.name} on {run.node} has no gpufleet.io/assignment: the extender did not bind it"
@@ -155,10 +144,7 @@ def test_mig_pod_sees_exactly_one_mig_device(target: Target, cluster: Cluster) -
     )
     for resource in resources:
         profile = resource.rsplit("/", 1)[-1].removeprefix("mig-")
-        run = cluster.run_gpu_pod(
-            "mig", {resource: "1"}, node=_node_name(target), summary=True,
-            runtime_class=_runtime_class(target),
-        )
+        run = cluster.run_gpu_pod("mig", {resource: "1"}, summary=True, **_on(target))
         _ran(target.name, run, f"a {resource}: 1")
         assert [p for p, _ in run.mig_devices] == [profile], (
             f"{target.name}: a pod with {resource}: 1 sees MIG devices {run.mig_devices or 'none'}, "

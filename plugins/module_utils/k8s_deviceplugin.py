@@ -49,6 +49,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
     WaitTimeout,
     log_tail,
     pod_problem,
+    reports_resource,
     resource_count,
     selector_string,
     wait_node_resources,
@@ -737,7 +738,9 @@ def wait_named_resources(
         seen = {n: kube.get(RESOURCES["Node"], n) for n in gpus}
         picked = {n: named.pick(node) for n, node in seen.items()}
         shapes = {n: named.shapes[pick[0]] for n, pick in picked.items()}
-        short = [n for n in gpus if not _serves(seen[n], shapes[n].resource, devices(gpus[n], shapes[n]))]
+        short = [
+            n for n in gpus if not reports_resource(seen[n], shapes[n].resource, devices(gpus[n], shapes[n]))
+        ]
         left = deadline - time.monotonic()
         if not short or left <= 0:
             break
@@ -758,16 +761,6 @@ def wait_named_resources(
         }
         for n, node in seen.items()
     }, warnings
-
-
-def _serves(node: Mapping[str, Any] | None, resource: str, want: int | None) -> bool:
-    """The node reports ``want`` of ``resource`` (None: some) in capacity and in allocatable."""
-    if node is None:
-        return False
-    capacity = resource_count(node, "capacity", resource)
-    if want is None:
-        return bool(capacity) and capacity == resource_count(node, "allocatable", resource)
-    return capacity == want == resource_count(node, "allocatable", resource)
 
 
 def _nodes_running_the_plugin(

@@ -235,7 +235,7 @@ def wait_node_resources(
     deadline = time.monotonic() + timeout
     while True:
         seen: dict[str, dict[str, Any] | None] = {n: kube.get(nodes_res, n) for n in expected}
-        short = [n for n, node in seen.items() if not _has(node, resource, expected[n])]
+        short = [n for n, node in seen.items() if not reports_resource(node, resource, expected[n])]
         if not short or not _poll(deadline, 2 * POLL_SECONDS):
             break
     if short:
@@ -253,11 +253,11 @@ def wait_node_resources(
     }
 
 
-def _has(node: Mapping[str, Any] | None, resource: str, want: int | None) -> bool:
+def reports_resource(node: Mapping[str, Any] | None, resource: str, want: int | None) -> bool:
+    """The node reports ``want`` of ``resource`` (None: some) in capacity and the same in allocatable."""
     if node is None:
         return False
     capacity = resource_count(node, "capacity", resource)
-    allocatable = resource_count(node, "allocatable", resource)
     if want is None:
-        return bool(capacity) and capacity == allocatable
-    return capacity == want and allocatable == want
+        return bool(capacity) and capacity == resource_count(node, "allocatable", resource)
+    return capacity == want == resource_count(node, "allocatable", resource)

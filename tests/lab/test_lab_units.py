@@ -92,17 +92,6 @@ def test_containerd_config_is_what_cri_needs() -> None:
     assert hostsetup.CNI_CONFLIST_PATH.endswith(".conflist")
 
 
-@pytest.mark.parametrize(("image", "stored"), [
-    ("gpufleet-lab/pause:1", "docker.io/gpufleet-lab/pause:1"),
-    ("busybox:1", "docker.io/library/busybox:1"),
-    ("nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04", "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"),
-    ("localhost/x:1", "localhost/x:1"),
-    ("registry:5000/x:1", "registry:5000/x:1"),
-])  # fmt: skip
-def test_cri_image_names(image: str, stored: str) -> None:
-    assert crimod.cri_image_name(image) == stored
-
-
 def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path) -> None:
     import hashlib
     import io

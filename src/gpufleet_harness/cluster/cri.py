@@ -3,8 +3,8 @@
 - containerd's configuration for a CRI kubelet (:data:`CONTAINERD_CONFIG`) and the pod network's CNI
   bridge (:data:`CNI_CONFLIST`);
 - images without a registry: a root filesystem tarball as a one-layer ``docker save`` archive
-  (:func:`write_docker_archive`), which ``ctr images import`` reads, and the name CRI looks images up by
-  (:func:`cri_image_name`).
+  (:func:`write_docker_archive`), which ``ctr images import`` reads (CRI then finds it by the name
+  :func:`gpufleet.imageref.qualified` gives).
 """
 
 from __future__ import annotations
@@ -155,14 +155,3 @@ def write_docker_archive(out: IO[bytes], image: str, rootfs: Path, changes: list
         info.uname = info.gname = "root"
         with rootfs.open("rb") as fh:
             tar.addfile(info, fh)
-
-
-def cri_image_name(image: str) -> str:
-    """The fully qualified name containerd stores an image under (the CRI plugin normalizes pod image
-    references the same way; ``ctr`` does not): ``docker.io`` and ``library/`` added where missing."""
-    first, _, rest = image.partition("/")
-    if not rest:
-        return f"docker.io/library/{image}"
-    if "." in first or ":" in first or first == "localhost":
-        return image
-    return f"docker.io/{image}"

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from kubernetes import client as k8s
 
+from gpufleet.imageref import qualified
 from gpufleet_harness.cluster import cri, oci_runtime
 from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_ok, run, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
@@ -282,7 +283,7 @@ class KubeletNode:
     def has_image(self, image: str) -> bool:
         """True when the runtime holds ``image`` under the name pods use."""
         if self.runtime == "containerd":
-            return cri.cri_image_name(image) in self.ctr("images", "ls", "-q").split()
+            return qualified(image) in self.ctr("images", "ls", "-q").split()
         try:
             self.docker("image", "inspect", image)
         except LabError:

@@ -26,12 +26,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from gpufleet.imageref import qualified
 from gpufleet_harness.cluster import oci_runtime
 from gpufleet_harness.cluster.cri import (
     CNI_CONFLIST,
     CONTAINERD_SOCKET,
     containerd_config,
-    cri_image_name,
     write_docker_archive,
 )
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE
@@ -309,7 +309,7 @@ def load_images(spec: LabSpec, host: HostSpec, k8s_images: Path, gpufleet_image:
     if host.runtime == "containerd":
         present = set(exec_in(name, "ctr", "--namespace", "k8s.io", "images", "ls", "-q").split())
         for image, tarball, changes in wanted:
-            if cri_image_name(image) not in present:
+            if qualified(image) not in present:
                 _ctr_import(name, image, tarball, changes)
         return
     exec_in(name, "systemctl", "start", "docker")
