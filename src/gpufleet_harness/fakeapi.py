@@ -1,7 +1,8 @@
 """A Kubernetes API server stand-in over HTTP, backed by InMemoryCluster: for `KubeCluster`'s tests and the
 extender's benchmark over HTTP (an extender process that lists and watches through the real client).
 
-It speaks just the endpoints the extender uses (list/watch/get/merge-patch nodes and pods, pods/binding),
+It speaks just the endpoints the extender uses (list, paged with ``limit`` and ``continue``, watch,
+get and merge-patch of nodes and pods, pods/binding),
 answers errors as `Status` objects with the right codes, keeps an event log so a watch from a
 resourceVersion replays what it missed, and answers 410 for versions older than the log.
 """
@@ -56,6 +57,8 @@ class FakeApiServer:
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []
         self.oldest = 0  # watches from before this resourceVersion get 410 Gone
         self.requests: list[tuple[str, str, str, Any]] = []  # method, path, content type, body
+        # Snapshots of paged lists by (kind, field selector, resourceVersion), for their continue tokens.
+        self.pages: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self.cond = threading.Condition()
         self.stop = threading.Event()
         self._recorder = threading.Thread(
@@ -143,7 +146,12 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                             float(query.get("timeoutSeconds", "30")),
                         )
                     else:
-                        self._list(rest[0], query.get("fieldSelector", ""))
+                        self._list(
+                            rest[0],
+                            query.get("fieldSelector", ""),
+                            int(query.get("limit", "0")),
+                            query.get("continue", ""),
+                        )
                 elif rest[:1] == ["nodes"] and len(rest) == 2:
                     if method == "GET":
                         self._send(200, fake.cluster.get_node(rest[1]))
@@ -194,21 +202,28 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 code = exc.status or 500
                 self._send(code, _status(code, str(exc)))
 
-        def _list(self, kind: str, selector: str) -> None:
-            nodes, pods, version = fake.cluster.snapshot()
-            items = nodes if kind == "nodes" else pods
-            if selector.startswith("spec.nodeName="):
-                wanted = selector.split("=", 1)[1]
-                items = [p for p in items if (p.get("spec") or {}).get("nodeName") == wanted]
-            self._send(
-                200,
-                {
-                    "kind": "List",
-                    "apiVersion": "v1",
-                    "metadata": {"resourceVersion": version},
-                    "items": items,
-                },
-            )
+        def _list(self, kind: str, selector: str, limit: int, token: str) -> None:
+            if token:
+                # A continuation reads the snapshot its first page was cut from, as the real server does.
+                try:
+                    version, offset = token.split(":")
+                    items = fake.pages[(kind, selector, version)]
+                except (ValueError, KeyError):
+                    raise ApiError("continue token expired or invalid", 410) from None
+                start = int(offset)
+            else:
+                nodes, pods, version = fake.cluster.snapshot()
+                items = nodes if kind == "nodes" else pods
+                if selector.startswith("spec.nodeName="):
+                    wanted = selector.split("=", 1)[1]
+                    items = [p for p in items if (p.get("spec") or {}).get("nodeName") == wanted]
+                start = 0
+            end = start + limit if limit > 0 else len(items)
+            meta: dict[str, Any] = {"resourceVersion": version}
+            if end < len(items):
+                fake.pages[(kind, selector, version)] = items
+                meta["continue"] = f"{version}:{end}"
+            self._send(200, {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items[start:end]})
 
         def _watch(self, kind: str, since: int, timeout: float) -> None:
             if since < fake.oldest - 1:

@@ -56,6 +56,21 @@ def kube_extender(fake, clock) -> Iterator[Extender]:  # type: ignore[no-untyped
     ext.stop()
 
 
+def test_lists_are_read_page_by_page_and_cut_to_what_decisions_read(fake, cluster) -> None:  # type: ignore[no-untyped-def]
+    for i in range(4):
+        cluster.add_node(node(f"m{i}", machine(f"m{i}", 1)))
+    source = kube_cluster(fake.url, page_size=2)
+    nodes, version = source._list("nodes")
+    assert sorted(n["metadata"]["name"] for n in nodes) == ["m0", "m1", "m2", "m3", "n1", "w1"]
+    assert version == cluster.snapshot()[2]
+    lists = [path for m, path, _, _ in fake.requests if m == "GET"]
+    assert len(lists) == 3, lists  # three pages of two
+    # only what node_info reads is kept: no spec, no status, no other metadata
+    assert {key for n in nodes for key in n} == {"metadata"}
+    kept = {key for n in nodes for key in n["metadata"]}
+    assert kept <= {"name", "resourceVersion", "labels", "annotations"}, kept
+
+
 def test_extender_over_the_kubernetes_client_syncs_filters_and_binds(fake, cluster, kube_extender) -> None:  # type: ignore[no-untyped-def]
     ext = kube_extender
     assert ext.state.totals()["nodes"] == 2

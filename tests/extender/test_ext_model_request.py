@@ -26,7 +26,7 @@ def test_gpus_annotation_keeps_each_gpus_own_memory_model_and_links() -> None:
         ("GPU-a", 40, (8, 0), True),
         ("GPU-b", 16, (7, 5), False),
     ]
-    assert gpus[0].nvlink_peers == {"GPU-b"}
+    assert gpus[0].nvlink_peers == ("GPU-b",)
     assert gpus[1].tokens == {"tesla", "t4"}
 
 

@@ -1,7 +1,8 @@
 """`ClusterSource` over the `kubernetes` Python client (tested with client 37 against API servers 1.20+).
 
 Every call uses `_preload_content=False` and parses the JSON itself: objects stay plain dicts (the
-form the scheduler sends, cheaper than the client's models), watch streams are read line by line, and
+form the scheduler sends, cheaper than the client's models), cut to the fields decisions read as each list
+page or watch event arrives (`watchcache.project`), watch streams are read line by line, and
 `create_namespaced_pod_binding` works against 1.20 (the client's model chokes on its Status reply).
 Patches are JSON merge patches; `metadata.resourceVersion` in a patch is the API server's optimistic
 concurrency precondition (409 on mismatch) and `metadata.uid` cannot change (422 on mismatch).
@@ -24,6 +25,7 @@ from gpufleet.extender.cluster import (
     NotFoundError,
     UnavailableError,
 )
+from gpufleet.extender.watchcache import NODE_FIELDS, POD_FIELDS, project
 from gpufleet.kubeconfig import api_client
 from gpufleet.logs import log_event
 
@@ -192,6 +194,7 @@ class KubeCluster:
         call: Callable[..., Any] = (
             self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
         )
+        fields = NODE_FIELDS if kind == "nodes" else POD_FIELDS
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -199,8 +202,10 @@ class KubeCluster:
             if token:
                 kwargs["_continue"] = token
             doc = self._json(f"list {kind}", call, **kwargs)
-            items.extend(doc.get("items") or [])
+            # Cut page by page: only what decisions read outlives the page (watchcache.project).
+            items.extend(project(obj, fields) for obj in doc.get("items") or [])
             meta = doc.get("metadata") or {}
+            del doc
             token = meta.get("continue")
             if not token:
                 return items, str(meta.get("resourceVersion") or "")
@@ -213,6 +218,7 @@ class KubeCluster:
         upsert = sink.upsert_node if kind == "nodes" else sink.upsert_pod
         delete = sink.delete_node if kind == "nodes" else sink.delete_pod
         replace = sink.replace_nodes if kind == "nodes" else sink.replace_pods
+        fields = NODE_FIELDS if kind == "nodes" else POD_FIELDS
         version: str | None = None
         backoff = 0.5
         while not stop.is_set():
@@ -250,7 +256,7 @@ class KubeCluster:
                         version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                         if change == "BOOKMARK":
                             continue
-                        (delete if change == "DELETED" else upsert)(obj)
+                        (delete if change == "DELETED" else upsert)(project(obj, fields))
                 finally:
                     with self._open_lock:
                         self._open.discard(response)

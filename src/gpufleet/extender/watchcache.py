@@ -20,6 +20,41 @@ from gpufleet.logs import log_event
 
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
+# What `node_info` and `pod_record` read, and nothing more. A cluster source cuts every listed or watched
+# object to this before keeping it (`project`): the API serves far more (managed fields, a Node's images
+# and conditions, a Pod's volumes and statuses), and a 5,000-node list held whole is most of the memory the
+# extender would otherwise need. A reader that starts using another field must name it here; the tests
+# check that a projected object reads the same as the whole one.
+_CONTAINER_FIELDS: dict[str, Any] = {"name": True, "resources": True}
+NODE_FIELDS: dict[str, Any] = {
+    "metadata": {"name": True, "resourceVersion": True, "labels": True, "annotations": True},
+}
+POD_FIELDS: dict[str, Any] = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "resourceVersion": True, "annotations": True},
+    "spec": {
+        "nodeName": True,
+        "nodeSelector": True,
+        "containers": [_CONTAINER_FIELDS],
+        "initContainers": [_CONTAINER_FIELDS],
+    },
+    "status": {"phase": True},
+}
+
+
+def project(value: Any, fields: Any) -> Any:
+    """``value`` cut to ``fields``: a mapping keeps the keys named (``True``: the value as it is; a mapping:
+    cut further; a one-item list: each item of a list cut to that item). A value of another shape than the
+    fields expect is kept as it is, so the readers still see, and name, what is wrong with it."""
+    if fields is True:
+        return value
+    if isinstance(fields, dict):
+        if not isinstance(value, Mapping):
+            return value
+        return {key: project(value[key], sub) for key, sub in fields.items() if key in value}
+    if not isinstance(value, list):
+        return value
+    return [project(item, fields[0]) for item in value]
+
 
 @dataclass(slots=True)
 class PodRecord:
