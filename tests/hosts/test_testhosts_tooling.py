@@ -182,9 +182,9 @@ def test_default_set_skips_an_ubuntu_scenario_whose_archive_stops_answering_duri
 def test_project_default_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUFLEET_MOLECULE_SCENARIOS", raising=False)
     assert "nvidia_driver" in molecule.selected_scenarios()
-    # opt-in for the test command's CPU budget only (docs/testing.md); without the marker it would run
-    # whenever Ubuntu's archive answers
-    assert "nvidia_driver_ubuntu" in molecule.opt_in_scenarios()
+    # Ubuntu's package path runs whenever Ubuntu's archive answers (skipped, named, when it does not)
+    assert "nvidia_driver_ubuntu" in molecule.selected_scenarios()
+    assert "nvidia_driver_ubuntu" not in molecule.opt_in_scenarios()
     # the DKMS compile is too slow for every run; docs/roles.md records its last run
     assert "nvidia_driver_ubuntu_dkms" in molecule.opt_in_scenarios()
     # too slow for every run; docs/roles.md records its last run
