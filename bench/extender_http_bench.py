@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet_harness.fakeapi import FakeApiServer
+from gpufleet_harness.fakeapi import FakeApiServer, extender_command
 from gpufleet_harness.memapi import InMemoryCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -252,27 +252,10 @@ def main() -> int:
     )
 
     with tempfile.TemporaryDirectory() as tmp:
-        kubeconfig = Path(tmp) / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: bench\n"
-            f"clusters: [{{name: bench, cluster: {{server: '{api.url}'}}}}]\n"
-            "users: [{name: bench, user: {}}]\n"
-            "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
-        )
+        kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
         port = free_port()
         older = {"PYTHONPATH": str(Path(args.extender_src).resolve())} if args.extender_src else {}
-        argv = [
-            sys.executable,
-            "-m",
-            "gpufleet.extender",
-            "serve",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--listen-address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
+        argv = extender_command(kubeconfig, port)
         spawned = time.monotonic()
         proc = subprocess.Popen(
             argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **older}

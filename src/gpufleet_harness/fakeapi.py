@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -71,6 +73,16 @@ class FakeApiServer:
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         ).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig naming this server (no credentials: the stand-in checks none); returns ``path``."""
+        path.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{self.url}'}}}}]\n"
+            "users: [{name: nobody, user: {}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: nobody}}]\n"
+        )
+        return path
 
     def record(self, kind: str, change: str, obj: dict[str, Any]) -> None:
         with self.cond:
@@ -262,3 +274,10 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             self._dispatch("POST")
 
     return Handler
+
+
+def extender_command(kubeconfig: Path, port: int) -> list[str]:
+    """``gpufleet-extender serve`` as a Python process of its own, on 127.0.0.1:``port``, reading
+    ``kubeconfig`` (e.g. :meth:`FakeApiServer.write_kubeconfig`)."""
+    return [sys.executable, "-m", "gpufleet.extender", "serve", "--kubeconfig", str(kubeconfig),
+            "--listen-address", "127.0.0.1", "--port", str(port)]  # fmt: skip

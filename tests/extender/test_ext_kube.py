@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -19,7 +18,7 @@ from gpufleet.extender.cluster import ConflictError, InvalidError, NotFoundError
 from gpufleet.extender.kube import KubeCluster
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
-from gpufleet_harness.fakeapi import FakeApiServer
+from gpufleet_harness.fakeapi import FakeApiServer, extender_command
 
 
 def kube_cluster(url: str, **kwargs: object) -> KubeCluster:
@@ -178,29 +177,12 @@ def test_serve_command_runs_against_an_api_server_and_stops_on_sigterm(  # type:
     fake, tmp_path, install, base_install_env
 ) -> None:
     """Also as gpufleet's base install (no ansible, testinfra, pyVmomi or harness importable)."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{fake.url}'}}}}]\n"
-        "users: [{name: nobody, user: {}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: nobody}}]\n"
-    )
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet.extender",
-            "serve",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--listen-address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
+        extender_command(kubeconfig, port),
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(base_install_env if install == "base" else {})},
