@@ -127,23 +127,24 @@ def run(root: Path, tasks: list[dict[str, Any]], *args: str) -> list[dict[str, A
     ]
     playbook = work / "play.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    for name in ("GPUFLEET_SIM_ROOT", "GPUFLEET_HOST_ROOT", "GPUFLEET_SIM_BASE"):
-        env.pop(name, None)
-    argv = [
-        str(ANSIBLE_PLAYBOOK),
-        "-i",
-        "inventory/sim",
-        str(playbook),
-        "--limit",
-        f"sim-{root.name}",
-        "-e",
-        f"gpufleet_sim_base={root.parent}",
-        *args,
-    ]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = run_sim_playbook(playbook, root, {"gpufleet_sim_base": str(root.parent)}, *args)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return json.loads(out.read_text())
+
+
+def run_sim_playbook(
+    playbook: Path, root: Path, extra: dict[str, Any], *args: str, json_output: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook ``playbook`` on the inventory/sim host of ``root`` with ``extra`` variables, none of
+    this process's sim or cluster environment leaking in; ``json_output``: ansible.posix.json's report."""
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    if json_output:
+        env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
+    for name in ("GPUFLEET_SIM_ROOT", "GPUFLEET_HOST_ROOT", "GPUFLEET_SIM_BASE", "KUBECONFIG"):
+        env.pop(name, None)
+    argv = [str(ANSIBLE_PLAYBOOK), "-i", "inventory/sim", str(playbook), "--limit", f"sim-{root.name}",
+            "-e", json.dumps(extra), *args]  # fmt: skip
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def write_config(root: Path, config: dict[str, Any] = CONFIG) -> str:

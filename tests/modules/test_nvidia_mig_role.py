@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from labstack import LabStack, copy_kubeconfig, ensure_collection_link
-from test_gpu_mig_layout import CONFIG, assert_layout, materialize, smi_list, state
+from test_gpu_mig_layout import CONFIG, assert_layout, materialize, run_sim_playbook, smi_list, state
 
 from gpufleet_harness.sim import control as simcontrol
 from gpufleet_harness.sim import machine as simmachine
@@ -32,7 +32,6 @@ from gpufleet_harness.sim import machine as simmachine
 REPO = Path(__file__).resolve().parents[2]
 MIG_CONFIG, MIG_STATE = "nvidia.com/mig.config", "nvidia.com/mig.config.state"
 GPU = {"nvidia.com/gpu": "1"}
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
 
 def node_paths(root: Path) -> dict[str, str]:
@@ -71,21 +70,7 @@ def run_role(root: Path, role_vars: dict[str, Any], *args: str) -> tuple[int, di
         **node_paths(root),
         **role_vars,
     }
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
-    for name in ("GPUFLEET_SIM_ROOT", "GPUFLEET_HOST_ROOT", "GPUFLEET_SIM_BASE", "KUBECONFIG"):
-        env.pop(name, None)
-    argv = [
-        str(ANSIBLE_PLAYBOOK),
-        "-i",
-        "inventory/sim",
-        str(playbook),
-        "--limit",
-        f"sim-{root.name}",
-        "-e",
-        json.dumps(extra),
-        *args,
-    ]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = run_sim_playbook(playbook, root, extra, *args, json_output=True)
     try:
         stats = json.loads(proc.stdout)["stats"][f"sim-{root.name}"]
     except (ValueError, KeyError):

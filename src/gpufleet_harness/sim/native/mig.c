@@ -481,6 +481,22 @@ nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigne
 
 /* ------------------------------------------------------------------------------------ GPU instances */
 
+/* The fields every version of the GPU instance profile info shares (same names in v1, v2 and v3), set from
+ * the simulated profile `p`. */
+#define GI_PROFILE_FIELDS(info, p)                  \
+    do {                                            \
+        (info)->id = (p)->id;                       \
+        (info)->sliceCount = (p)->slices;           \
+        (info)->instanceCount = (p)->instances;     \
+        (info)->multiprocessorCount = (p)->sm;      \
+        (info)->copyEngineCount = (p)->ce;          \
+        (info)->decoderCount = (p)->dec;            \
+        (info)->encoderCount = (p)->enc;            \
+        (info)->jpegCount = (p)->jpeg;              \
+        (info)->ofaCount = (p)->ofa;                \
+        (info)->memorySizeMB = (p)->memory_mib;     \
+    } while (0)
+
 /* The profile of `profile` (an NVML_GPU_INSTANCE_PROFILE_* index) on a MIG-enabled GPU, or an error. */
 static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned profile, const sim_mig_profile **out)
 {
@@ -499,18 +515,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, un
     NEED(info);
     r = gi_profile(device, profile, &p);
     if (r != NVML_SUCCESS) return sim_leave(r);
-    memset(info, 0, sizeof *info);
-    info->id = p->id;
-    info->isP2pSupported = 0;
-    info->sliceCount = p->slices;
-    info->instanceCount = p->instances;
-    info->multiprocessorCount = p->sm;
-    info->copyEngineCount = p->ce;
-    info->decoderCount = p->dec;
-    info->encoderCount = p->enc;
-    info->jpegCount = p->jpeg;
-    info->ofaCount = p->ofa;
-    info->memorySizeMB = p->memory_mib;
+    memset(info, 0, sizeof *info); /* isP2pSupported: 0 */
+    GI_PROFILE_FIELDS(info, p);
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -526,36 +532,19 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, u
     NEED(version == SIM_GI_PROFILE_INFO_V2 || version == SIM_GI_PROFILE_INFO_V3);
     r = gi_profile(device, profile, &p);
     if (r != NVML_SUCCESS) return sim_leave(r);
+    /* v2 keeps v1's isP2pSupported after the id, v3 drops it and adds capabilities (0 here): three layouts
+     * with the same field names, hence the macro. */
     if (version == SIM_GI_PROFILE_INFO_V2) {
         memset(info, 0, sizeof *info);
         info->version = version;
-        info->id = p->id;
-        info->sliceCount = p->slices;
-        info->instanceCount = p->instances;
-        info->multiprocessorCount = p->sm;
-        info->copyEngineCount = p->ce;
-        info->decoderCount = p->dec;
-        info->encoderCount = p->enc;
-        info->jpegCount = p->jpeg;
-        info->ofaCount = p->ofa;
-        info->memorySizeMB = p->memory_mib;
+        GI_PROFILE_FIELDS(info, p);
         snprintf(info->name, sizeof info->name, "MIG %s", p->name);
     } else {
         simGpuInstanceProfileInfo_v3_t *v3 = (simGpuInstanceProfileInfo_v3_t *)info;
         memset(v3, 0, sizeof *v3);
         v3->version = version;
-        v3->id = p->id;
-        v3->sliceCount = p->slices;
-        v3->instanceCount = p->instances;
-        v3->multiprocessorCount = p->sm;
-        v3->copyEngineCount = p->ce;
-        v3->decoderCount = p->dec;
-        v3->encoderCount = p->enc;
-        v3->jpegCount = p->jpeg;
-        v3->ofaCount = p->ofa;
-        v3->memorySizeMB = p->memory_mib;
+        GI_PROFILE_FIELDS(v3, p);
         snprintf(v3->name, sizeof v3->name, "MIG %s", p->name);
-        v3->capabilities = 0;
     }
     return sim_leave(NVML_SUCCESS);
 }
