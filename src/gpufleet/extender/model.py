@@ -48,21 +48,25 @@ _TOKEN_SPLIT = re.compile(r"[^0-9a-z]+")
 
 
 def model_tokens(text: str) -> frozenset[str]:
-    """Normalise a GPU model name or label value ("NVIDIA A100-SXM4-80GB") into comparable tokens.
-
-    Cached for names of model length: a fleet has a handful of models, so the 40,000 GPUs of 5,000 nodes
-    share a few sets; a hostile annotation's long names are not kept."""
-    if len(text) <= _CACHED_NAME_LENGTH:
-        return _cached_tokens(text)
+    """Normalise a GPU model name or label value ("NVIDIA A100-SXM4-80GB") into comparable tokens."""
     return frozenset(t for t in _TOKEN_SPLIT.split(text.lower()) if t)
 
 
 _CACHED_NAME_LENGTH = 128
 
 
+def _kind_of(model: str, cc: tuple[int, int]) -> tuple[str, frozenset[str], tuple[int, int]]:
+    """The model name, its tokens and the compute capability, as objects shared by every GPU of that kind:
+    a fleet has a handful of models, and its 40,000 GPUs at 5,000 nodes would otherwise each hold copies.
+    A hostile annotation's long names are not kept."""
+    if len(model) <= _CACHED_NAME_LENGTH:
+        return _shared_kind(model, cc)
+    return model, model_tokens(model), cc
+
+
 @functools.lru_cache(maxsize=1024)
-def _cached_tokens(text: str) -> frozenset[str]:
-    return frozenset(t for t in _TOKEN_SPLIT.split(text.lower()) if t)
+def _shared_kind(model: str, cc: tuple[int, int]) -> tuple[str, frozenset[str], tuple[int, int]]:
+    return model, model_tokens(model), cc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +75,7 @@ class Gpu(GpuEntry):
 
     Kept for every GPU of the fleet, so it holds what placement reads and no more: NVLink as the peers'
     UUIDs only (`nvlink` itself, with link counts, is left empty), each peer the same string object as that
-    peer's own `uuid`, and the model's tokens shared between GPUs of one model."""
+    peer's own `uuid`, and the model's name, tokens and compute capability shared between GPUs of one kind."""
 
     nvlink_peers: tuple[str, ...]
     tokens: frozenset[str]
@@ -81,18 +85,19 @@ class Gpu(GpuEntry):
         """The extender's view of a published GPU; ``uuids`` maps each UUID of the node to one string."""
         e = entry
         canonical = uuids or {}
+        model, tokens, cc = _kind_of(e.model, e.cc)
         return cls(
             e.index,
             e.uuid,
-            e.model,
+            model,
             e.memory_gib,
-            e.cc,
+            cc,
             e.numa,
             e.healthy,
             (),
             e.mig,
             nvlink_peers=tuple(canonical.get(peer, peer) for peer, _ in e.nvlink),
-            tokens=model_tokens(e.model),
+            tokens=tokens,
         )
 
     @property
