@@ -235,6 +235,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if end < len(items):
                 fake.pages[(kind, selector, version)] = items
                 meta["continue"] = f"{version}:{end}"
+            else:  # the last page: the snapshot is not needed any more
+                fake.pages.pop((kind, selector, version), None)
             self._send(200, {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items[start:end]})
 
         def _watch(self, kind: str, since: int, timeout: float) -> None:

@@ -1,19 +1,23 @@
 """What a kubelet on containerd CRI needs, shared by the lab's hosts and the test clusters' nodes.
 
-- containerd's configuration for a CRI kubelet (:data:`CONTAINERD_CONFIG`) and the pod network's CNI
+- containerd's configuration for a CRI kubelet (:func:`containerd_config`) and the pod network's CNI
   bridge (:data:`CNI_CONFLIST`);
 - images without a registry: a root filesystem tarball as a one-layer ``docker save`` archive
-  (:func:`write_docker_archive`), which ``ctr images import`` reads (CRI then finds it by the name
-  :func:`gpufleet.imageref.qualified` gives).
+  (:func:`write_docker_archive`), streamed to ``ctr images import`` (:func:`stream_import`; CRI then finds
+  it by the name :func:`gpufleet.imageref.qualified` gives).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
+import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -155,3 +159,16 @@ def write_docker_archive(out: IO[bytes], image: str, rootfs: Path, changes: list
         info.uname = info.gname = "root"
         with rootfs.open("rb") as fh:
             tar.addfile(info, fh)
+
+
+def stream_import(argv: Sequence[str], image: str, rootfs: Path, changes: Sequence[str]) -> tuple[int, str]:
+    """Run ``argv`` (a ``ctr images import -`` reachable however the caller reaches its containerd) with the
+    image's archive on its standard input; its exit code and the last of what it said."""
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT)
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError), proc.stdin:
+            write_docker_archive(proc.stdin, image, rootfs, list(changes))
+        rc = proc.wait(timeout=600)
+        output.seek(0)
+        return rc, output.read().decode(errors="replace").strip()[-800:]

@@ -34,7 +34,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -244,14 +243,16 @@ class KubeletNode:
         cni_dir.mkdir(parents=True, exist_ok=True)
         (cni_dir / "10-gpufleet-node.conflist").write_text(json.dumps(cri.CNI_CONFLIST, indent=2) + "\n")
 
+    def _ctr_argv(self, *args: str) -> list[str]:
+        """``ctr`` against this node's containerd, from the host."""
+        return self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, *args])
+
     def ctr(self, *args: str, **kwargs: object) -> str:
         """Run ``ctr`` against this node's containerd, namespace ``k8s.io`` (CRI's); return stdout."""
-        return run(self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, "--namespace", "k8s.io", *args]),
-                   **kwargs).stdout  # fmt: skip
+        return run(self._ctr_argv("--namespace", "k8s.io", *args), **kwargs).stdout
 
     def _containerd_answers(self) -> bool:
-        argv = self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, "version"])
-        return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+        return subprocess.run(self._ctr_argv("version"), capture_output=True, check=False).returncode == 0
 
     def netns_pid(self) -> int:
         """Host PID of a process in the runtime's network namespace (nsenter's child, which became the
@@ -296,18 +297,10 @@ class KubeletNode:
         if self.runtime == "docker":
             self.docker("import", *changes, str(rootfs), image)
             return
-        argv = self.nsenter(["ctr", "--address", cri.CONTAINERD_SOCKET, "--namespace", "k8s.io",
-                             "images", "import", "-"])  # fmt: skip
-        with tempfile.TemporaryFile() as output:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT)
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError), proc.stdin:
-                cri.write_docker_archive(proc.stdin, image, rootfs, list(changes))
-            rc = proc.wait(timeout=600)
-            output.seek(0)
-            said = output.read().decode(errors="replace").strip()
+        rc, said = cri.stream_import(self._ctr_argv("--namespace", "k8s.io", "images", "import", "-"), image,
+                                     rootfs, changes)  # fmt: skip
         if rc != 0:
-            raise LabError(f"node {self.name}: ctr images import of {image} exited {rc}: {said[-800:]}")
+            raise LabError(f"node {self.name}: ctr images import of {image} exited {rc}: {said}")
 
     def _import_images(self) -> None:
         artifacts = self.lab.artifacts

@@ -17,7 +17,6 @@ What is installed in a host, and where (the roles see only the one fact the lab 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from gpufleet_harness.cluster.cri import (
     CNI_CONFLIST,
     CONTAINERD_SOCKET,
     containerd_config,
-    write_docker_archive,
+    stream_import,
 )
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE
 from gpufleet_harness.cluster.process import LabError, wait_for
@@ -280,19 +279,10 @@ def configure_runtime(spec: LabSpec, host: HostSpec) -> None:
 
 def _ctr_import(container: str, image: str, rootfs: Path, changes: list[str]) -> None:
     """Stream the image into the host's containerd, namespace ``k8s.io`` (where CRI keeps its images)."""
-    with tempfile.TemporaryFile() as output:
-        proc = subprocess.Popen(
-            ["podman", "exec", "-i", container, "ctr", "--namespace", "k8s.io", "images", "import", "-"],
-            stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError), proc.stdin:
-            write_docker_archive(proc.stdin, image, rootfs, changes)
-        rc = proc.wait(timeout=600)
-        output.seek(0)
-        said = output.read().decode(errors="replace").strip()
+    argv = ["podman", "exec", "-i", container, "ctr", "--namespace", "k8s.io", "images", "import", "-"]
+    rc, said = stream_import(argv, image, rootfs, changes)
     if rc != 0:
-        raise HostError(f"{container}: ctr images import of {image} exited {rc}: {said[-800:]}")
+        raise HostError(f"{container}: ctr images import of {image} exited {rc}: {said}")
 
 
 def load_images(spec: LabSpec, host: HostSpec, k8s_images: Path, gpufleet_image: tuple[str, Path]) -> None:
