@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import resource
 import shutil
 import socket
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +25,62 @@ def _repo_tools() -> None:
 
 
 needs_repo_tools = pytest.mark.usefixtures("_repo_tools")
+
+
+_FAILING_PLAY = """\
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: A failure the play ignores
+      ansible.builtin.fail: {msg: "ignored on purpose"}
+      ignore_errors: true
+    - name: A task that passes
+      ansible.builtin.debug: {msg: "fine"}
+    - name: Fail when the control daemon does not answer
+      ansible.builtin.fail:
+        msg: "the MPS control daemon does not answer (rc 1):\\n\\nCannot find MPS control daemon process"
+"""
+
+
+def test_scenario_failure_message_names_the_failed_task(tmp_path: Path) -> None:
+    """molecule's log ends with its recap and clean-up; the failure message must still carry the failed
+    task and its message (CI keeps only what the test prints). Real ansible-playbook output, YAML results."""
+    play = tmp_path / "play.yml"
+    play.write_text(_FAILING_PLAY)
+    log = tmp_path / "scenario.log"
+    env = {
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+    }
+    with log.open("w") as out:
+        rc = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                "-i",
+                "localhost,",
+                "-c",
+                "local",
+                str(play),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            check=False,
+        ).returncode
+    with log.open("a") as out:
+        out.write("\n".join(f"molecule clean-up line {n}" for n in range(80)) + "\n")
+    assert rc == 2
+    message = molecule.log_tail(log)
+    failed, _, end = message.partition("\n\nthe log's end:\n")
+    assert failed.startswith("failed tasks:\n"), message
+    assert "TASK [Fail when the control daemon does not answer]" in failed
+    assert "Cannot find MPS control daemon process" in failed  # the message, past its blank lines
+    assert "ignored on purpose" not in failed and "A task that passes" not in failed
+    assert end.splitlines()[-1] == "molecule clean-up line 79"
+    clean = tmp_path / "clean.log"
+    clean.write_text("PLAY RECAP\nlocalhost : ok=3 failed=0\n")
+    assert molecule.log_tail(clean) == "PLAY RECAP\nlocalhost : ok=3 failed=0"
 
 
 def test_containers_conf_stays_within_hard_limits() -> None:

@@ -250,8 +250,30 @@ def run_scenarios(
     return runs
 
 
-def log_tail(path: Path, lines: int = 60) -> str:
-    """The last lines of a scenario log, for failure messages."""
+_FAILED_TASK = re.compile(r"^(fatal|failed): \[")
+
+
+def log_tail(path: Path, lines: int = 60, *, context: int = 30, most: int = 3) -> str:
+    """For failure messages: the last ``most`` failed tasks of a scenario log that were not ignored (each its
+    TASK line and up to ``context`` lines of its result), then the log's last ``lines`` lines. The tail alone
+    is molecule's recap and clean-up, which names no failed task, and CI keeps only what the test prints."""
     if not path.exists():
         return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    text = path.read_text(errors="replace").splitlines()
+    parts = []
+    for at in (i for i, line in enumerate(text) if _FAILED_TASK.match(line)):
+        task = next((text[i] for i in range(at - 1, -1, -1) if text[i].startswith("TASK [")), "")
+        end = at + 1  # the result is indented (YAML); it ends at the next line that is not
+        while end < len(text) and (not text[end].strip() or text[end][0].isspace()):
+            end += 1
+        if end < len(text) and text[end] == "...ignoring":
+            continue
+        body = text[at:end][:context]
+        while body and not body[-1].strip():
+            body.pop()
+        parts.append("\n".join([task, *body] if task else body))
+    parts = parts[-most:]  # the last ones: a converge stops at its first real failure
+    tail = "\n".join(text[-lines:])
+    if not parts:
+        return tail
+    return "failed tasks:\n" + "\n...\n".join(parts) + "\n\nthe log's end:\n" + tail
