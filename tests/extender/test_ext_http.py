@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import shutil
+import socket
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -201,4 +203,28 @@ def test_https_with_client_ca_requires_a_signed_client_certificate(world, pki) -
         assert request(conn, "GET", "/healthz")[0] == 200
     finally:
         srv.shutdown()
+        srv.server_close()
+
+
+def test_a_burst_of_new_connections_waits_in_the_listen_backlog(world: Any) -> None:
+    """While the accept loop is busy (here: not running), new connections queue in the kernel's backlog.
+    socketserver's default of 5 would make the kernel drop the sixth client's SYN, which it retries only
+    after a second; 40 at once must all be queued."""
+    from gpufleet.extender.server import make_server
+
+    srv = make_server(world, Settings(listen_address="127.0.0.1", port=0, url_prefix="/gpufleet"))
+    clients = []
+    serving = threading.Thread(target=srv.serve_forever, daemon=True)
+    try:
+        for _ in range(40):
+            clients.append(socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=5))
+        serving.start()
+        for sock in clients:  # each queued connection is then served
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 200"), "a queued connection was not served"
+    finally:
+        for sock in clients:
+            sock.close()
+        if serving.is_alive():
+            srv.shutdown()
         srv.server_close()

@@ -33,6 +33,10 @@ class ExtenderServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog is 5: a burst of new connections (a restarted scheduler, several
+    # schedulers, a busy accept loop) would overflow it, and Linux drops the extra SYNs, which clients
+    # retry only after 1 s, then 3 s. The kernel caps this at net.core.somaxconn.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], extender: Extender, settings: Settings) -> None:
         self.extender = extender
