@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
-from gpufleet.deviceplugin.rm.devices import ResourceKind, ResourceSpec
-from gpufleet.deviceplugin.rm.health import DEFAULT_IGNORED_XIDS
-from gpufleet.deviceplugin.rm.model import NodeInventory
-from gpufleet.handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
-from gpufleet.layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
-from gpufleet.logs import log_event
-from gpufleet.yamlfile import YamlFileError, read_yaml
+from ..handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
+from ..layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
+from ..logs import log_event
+from ..yamlfile import YamlFileError, read_yaml
+from .api.constants import DEFAULT_SOCKET_DIR
+from .rm.devices import ResourceKind, ResourceSpec
+from .rm.health import DEFAULT_IGNORED_XIDS
+from .rm.model import NodeInventory
 
 CONFIG_VERSION = "v1"
 ENV_PREFIX = "GPUFLEET_DP_"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.handoff import (
+from ..handoff import (
     BIND_LOCK_ANNOTATION,
     GPUS_ANNOTATION,
     MPS_LABEL,

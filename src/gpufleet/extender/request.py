@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpufleet.extender.model import (
+from ..handoff import GPU_MEM_RESOURCE, PRODUCT_LABEL, PRODUCT_MIXED, WHOLE_GPU_RESOURCE, parse_cc
+from ..quantity import QuantityError, QuantityTooLarge, parse_quantity, preview
+from .model import (
     GPU_COUNT_ANNOTATION,
     GPU_POLICY_ANNOTATION,
     MIN_CC_ANNOTATION,
@@ -23,8 +25,6 @@ from gpufleet.extender.model import (
     PREFER_ANNOTATION,
     model_tokens,
 )
-from gpufleet.handoff import GPU_MEM_RESOURCE, PRODUCT_LABEL, PRODUCT_MIXED, WHOLE_GPU_RESOURCE, parse_cc
-from gpufleet.quantity import QuantityError, QuantityTooLarge, parse_quantity, preview
 
 # More GPUs than any machine carries; a larger gpu-count is a typo, not a wish.
 MAX_GPUS_PER_CONTAINER = 64

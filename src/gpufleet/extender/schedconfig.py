@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gpufleet.handoff import GPU_MEM_RESOURCE, WHOLE_GPU_RESOURCE
+from ..handoff import GPU_MEM_RESOURCE, WHOLE_GPU_RESOURCE
 
 API_VERSIONS = {
     "v1": "kubescheduler.config.k8s.io/v1",

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpufleet.extender.request import Policy
-from gpufleet.layered import Layer, Parser, as_int, as_number, as_str, merge
-from gpufleet.yamlfile import YamlFileError, read_yaml
+from ..layered import Layer, Parser, as_int, as_number, as_str, merge
+from ..yamlfile import YamlFileError, read_yaml
+from .request import Policy
 
 ENV_PREFIX = "GPUFLEET_EXTENDER_"
 CONFIG_VERSION = "v1"

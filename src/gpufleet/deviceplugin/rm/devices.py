@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gpufleet.deviceplugin.rm.health import HEALTHY, GpuHealth
-from gpufleet.deviceplugin.rm.model import GpuInfo, NodeInventory
+from .health import HEALTHY, GpuHealth
+from .model import GpuInfo, NodeInventory
 
 # Separates a GPU UUID from a replica or memory-unit number in device IDs: "GPU-…::3".
 ID_SEPARATOR = "::"

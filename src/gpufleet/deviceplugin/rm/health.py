@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpufleet.deviceplugin.rm.model import HealthEvent, HealthEventKind, Probe
+from .model import HealthEvent, HealthEventKind, Probe
 
 # XIDs that signal application errors rather than a broken GPU (the same set NVIDIA's plugin skips):
 # 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive
