@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,8 +192,9 @@ def sim_root(sim_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
 
     def get(fixture: str) -> Path:
         if fixture not in cache:
-            cache[fixture] = simmachine.materialize(fixture, tmp_path_factory.mktemp(fixture) / "root",
-                                                    library=sim_lib)
+            cache[fixture] = simmachine.materialize(
+                fixture, tmp_path_factory.mktemp(fixture) / "root", library=sim_lib
+            )
         return cache[fixture]
 
     return get
@@ -240,14 +241,13 @@ def stack(sim_lib: Path) -> Iterator[LabStack]:
         the_stack.close()
 
 
-
 # -- the base install (pyproject's dependencies without extras) ---------------------------------------------
 # What only the extras bring (controller, esxi, molecule, harness): a process started with base_install_env
 # cannot import them, as on a machine where `pip install gpufleet` installed the base wheel alone.
 EXTRAS_ONLY = ("ansible", "ansible_collections", "ansible_runner", "testinfra", "pyVmomi", "vmware",
                "molecule", "gpufleet_harness", "pytest", "_pytest")  # fmt: skip
 _BLOCKER = '''\
-"""Installed by tests/conftest.py base_install_env: refuse what gpufleet's base install lacks."""
+"""Installed by tests/conftest.py _refusing_env: refuse what the host being imitated lacks."""
 import importlib.abc
 import sys
 
@@ -258,7 +258,7 @@ class _BaseInstall(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in _REFUSED:
             raise ModuleNotFoundError(
-                f"No module named {{name!r}} (not in gpufleet's base install)", name=name
+                f"No module named {{name!r}} (refused: the host this test imitates lacks it)", name=name
             )
         return None
 
@@ -267,11 +267,23 @@ sys.meta_path.insert(0, _BaseInstall())
 '''
 
 
-@pytest.fixture(scope="session")
-def base_install_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment for a child Python that behaves as gpufleet's base install: a sitecustomize on its path
-    refuses every module in EXTRAS_ONLY (they are installed in this venv, so they must be refused)."""
-    site = tmp_path_factory.mktemp("base-install")
-    (site / "sitecustomize.py").write_text(_BLOCKER.format(refused=sorted(EXTRAS_ONLY)))
+def _refusing_env(site: Path, refused: Sequence[str]) -> dict[str, str]:
+    """Environment for a child Python whose sitecustomize (written to ``site``) refuses the top-level
+    packages ``refused``, although this venv has them."""
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(refused=sorted(refused)))
     path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     return {"PYTHONPATH": path}
+
+
+@pytest.fixture(scope="session")
+def base_install_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for a child Python that behaves as gpufleet's base install: every module in EXTRAS_ONLY
+    is refused (they are installed in this venv, so they must be refused)."""
+    return _refusing_env(tmp_path_factory.mktemp("base-install"), EXTRAS_ONLY)
+
+
+@pytest.fixture(scope="session")
+def without_gpufleet_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for a child Python (ansible-playbook, and the modules it runs locally) on a host where
+    the gpufleet package is not installed: the collection must carry what its modules need."""
+    return _refusing_env(tmp_path_factory.mktemp("without-gpufleet"), ["gpufleet"])

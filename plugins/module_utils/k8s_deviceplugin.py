@@ -305,14 +305,11 @@ def default_shape(cfg: Mapping[str, Any]) -> PluginShape:
     return named.shapes[named.default] if named else shape_of(cfg)
 
 
-def validate_with_plugin(cfg: Mapping[str, Any]) -> str | None:
-    """Check the config with the plugin's own loader when gpufleet is installed here; the reason it could
-    not be checked otherwise (None when it was). Raises ParameterError on an invalid config."""
-    try:
-        from gpufleet.deviceplugin import config as dpconfig
-    except ImportError:
-        return "the gpufleet package is not installed on the controller; the plugin validates it at start"
+def validate_with_plugin(cfg: Mapping[str, Any]) -> None:
+    """Check the config with the plugin's own loader (linked, see module_utils/deviceplugin). Raises
+    ParameterError on an invalid config."""
     import yaml
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin import config as dpconfig
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(dict(cfg), fh)
@@ -324,7 +321,6 @@ def validate_with_plugin(cfg: Mapping[str, Any]) -> str | None:
         ) from None
     finally:
         os.unlink(fh.name)
-    return None
 
 
 def _labels(name: str) -> dict[str, str]:
@@ -660,10 +656,10 @@ class CapacityExplainer:
         return f"capacity {capacity}, allocatable {allocatable} (still settling)"
 
 
-def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> tuple[ApplyResult, list[str]]:
+def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> ApplyResult:
     """State present: label the nodes of ``node_configs``, then apply the DaemonSet-mode objects, all of it
     checked before the first write. State absent: delete the objects, then the labels this module set on
-    those nodes. Returns (changes, warnings).
+    those nodes.
 
     In systemd mode only the node labels are the module's: the node-side install is the role's job.
     """
@@ -677,12 +673,10 @@ def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> tuple[
         removed = delete(kube, wanted + unwanted, check_mode=check_mode, wait_timeout=timeout)
         ours = dict.fromkeys(map(str, params["node_configs"] or {}))  # every label this module set goes
         removed.changes += label_nodes(kube, ours, named, check_mode).changes
-        return removed, []
+        return removed
     picks = node_config_names(params, named)
-    warnings = []
-    note = validate_with_plugin(cfg) if daemonset else None
-    if note:
-        warnings.append(f"plugin_config not validated: {note}")
+    if daemonset:
+        validate_with_plugin(cfg)
     # Labels first: a new plugin pod finds its node's label at start, not at some later moment.
     result = label_nodes(kube, picks, named, check_mode)
     try:
@@ -693,7 +687,7 @@ def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> tuple[
         raise
     pruned = delete(kube, unwanted, check_mode=check_mode)
     result.changes += applied.changes + [c for c in pruned.changes if c.action != "absent"]
-    return result, warnings
+    return result
 
 
 def wait_ready(kube: Kube, params: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:

@@ -89,14 +89,14 @@ def settings_doc(params: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def validate_with_extender(doc: Mapping[str, Any]) -> str | None:
-    """Check the settings with the extender's loader when gpufleet is installed here (TLS files aside, they
-    live in the Secret); the reason it could not be checked otherwise. Raises ParameterError."""
-    try:
-        from gpufleet.extender.settings import SettingsError, load_settings
-    except ImportError:
-        return "the gpufleet package is not installed on the controller; the extender validates it at start"
+def validate_with_extender(doc: Mapping[str, Any]) -> None:
+    """Check the settings with the extender's own loader (linked, see module_utils/extender), TLS files
+    aside: they live in the Secret. Raises ParameterError."""
     import yaml
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.extender.settings import (
+        SettingsError,
+        load_settings,
+    )
 
     checked = {k: v for k, v in doc.items() if not k.startswith("tls_")}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
@@ -107,7 +107,6 @@ def validate_with_extender(doc: Mapping[str, Any]) -> str | None:
         raise ParameterError("settings are invalid: " + str(exc).replace(fh.name, "settings")) from None
     finally:
         os.unlink(fh.name)
-    return None
 
 
 def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -229,18 +228,15 @@ def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dic
     return objects
 
 
-def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> tuple[ApplyResult, list[str]]:
+def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> ApplyResult:
     """Apply (present) or delete (absent; waiting until gone with ``wait``) the in-cluster objects."""
     doc = settings_doc(params)
     objects = build_objects(params, doc)
     if params["state"] == "absent":
         timeout = params["wait_timeout"] if params["wait"] else 0
-        return delete(kube, objects, check_mode=check_mode, wait_timeout=timeout), []
-    warnings = []
-    note = validate_with_extender(doc)
-    if note:
-        warnings.append(f"settings not validated: {note}")
-    return apply(kube, objects, check_mode=check_mode), warnings
+        return delete(kube, objects, check_mode=check_mode, wait_timeout=timeout)
+    validate_with_extender(doc)
+    return apply(kube, objects, check_mode=check_mode)
 
 
 def wait_ready(kube: Kube, params: Mapping[str, Any]) -> None:

@@ -44,27 +44,24 @@ def require_kubernetes(module: Any) -> None:
 
 def reconcile_or_fail(
     module: Any,
-    reconcile: Callable[[Kube, Mapping[str, Any], bool], tuple[ApplyResult, list[str]]],
+    reconcile: Callable[[Kube, Mapping[str, Any], bool], ApplyResult],
     result: dict[str, Any],
     errors: tuple[type[Exception], ...] = (),
 ) -> tuple[Kube, ApplyResult]:
     """Connect with the module's connection options and run ``reconcile`` (apply or delete the objects).
 
-    ``result`` gets ``changed`` and ``objects``; the reconciler's warnings go to ``module.warn``. A
-    :class:`KubeError` or one of ``errors`` fails the module with its message and the objects handled
-    before the failure.
+    ``result`` gets ``changed`` and ``objects``. A :class:`KubeError` or one of ``errors`` fails the module
+    with its message and the objects handled before the failure.
     """
     params = module.params
     try:
         kube = Kube(ConnectionOptions.from_params(params))
-        applied, warnings = reconcile(kube, params, module.check_mode)
+        applied = reconcile(kube, params, module.check_mode)
     except (KubeError, *errors) as exc:
         partial = getattr(exc, "partial", None)
         if partial is not None:
             result["changed"], result["objects"] = partial.changed, partial.objects()
         module.fail_json(msg=str(exc), **result)
         raise  # not reached: fail_json exits
-    for warning in warnings:
-        module.warn(warning)
     result["changed"], result["objects"] = applied.changed, applied.objects()
     return kube, applied

@@ -3,9 +3,9 @@
 """The gpu_scheduler_extender module's scheduler part: the KubeSchedulerConfiguration file and the
 kube-scheduler static pod manifest of a kubeadm control-plane node.
 
-The configuration comes from the extender's own generator (``gpufleet.extender.schedconfig``) where the
-gpufleet package is importable (the controller), or is handed over as text (``scheduler_config_content``,
-e.g. the ``scheduler_config`` an earlier run on the controller returned).
+The configuration comes from the extender's own generator (``gpufleet.extender.schedconfig``, linked into
+this collection's module_utils), on Python 3.11 or later; or it is handed over as text
+(``scheduler_config_content``, e.g. the ``scheduler_config`` an earlier run on the controller returned).
 
 The manifest is changed surgically: in the ``kube-scheduler`` container only ``--config=<file>`` is set,
 one volumeMount and one hostPath volume (both named ``gpufleet-scheduler-config``) are added, and the
@@ -21,6 +21,7 @@ import copy
 import hashlib
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,15 +58,20 @@ class SchedulerError(Exception):
 
 
 def render_config(api_version: str, url: str, options: Mapping[str, Any]) -> str:
-    """The KubeSchedulerConfiguration as YAML, from the extender package's generator."""
-    try:
-        from gpufleet.extender.schedconfig import SchedulerConfigError, SchedulerConfigOptions, render
-    except ImportError:
+    """The KubeSchedulerConfiguration as YAML, from the extender's own generator (linked, see
+    module_utils/extender)."""
+    if sys.version_info < (3, 11):  # noqa: UP036 - a target host's Python, not the controller's
         raise SchedulerError(
-            "the gpufleet package (gpufleet.extender.schedconfig) is not importable on this host: run the "
-            "module on the controller first and pass its scheduler_config return value as "
-            "scheduler_config_content"
-        ) from None
+            "generating the scheduler configuration needs Python 3.11 or later on this host (it has "
+            f"{sys.version.split()[0]}): run the module on the controller first and pass its "
+            "scheduler_config return value as scheduler_config_content"
+        )
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.extender.schedconfig import (
+        SchedulerConfigError,
+        SchedulerConfigOptions,
+        render,
+    )
+
     fields = {k: v for k, v in options.items() if k in SCHEDULER_ARGS and k != "url"}
     try:
         return str(render(SchedulerConfigOptions(url=url, api_version=api_version, **fields)))

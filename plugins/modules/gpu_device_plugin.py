@@ -45,7 +45,6 @@ author:
 requirements:
   - kubernetes (the Python client) on the host that runs the module, usually the controller
   - PyYAML
-  - gpufleet (optional) on that host, to validate O(plugin_config) before deploying it
 extends_documentation_fragment:
   - gpufleet.nvidia.k8s
   - gpufleet.nvidia.k8s.workload
@@ -84,6 +83,7 @@ options:
       - C(host_root) is set from O(host_root); C(socket_dir) and C(node_name) are the deployment's and may not be
         given.
       - Changing it rolls the DaemonSet (its pods carry the configuration's hash).
+      - It is checked by the plugin's own loader (which the collection carries) before anything is written.
       - C(configs) holds named configurations (C(label), C(default), C(named)); see O(node_configs).
     type: dict
     default: {}

@@ -1,0 +1,1 @@
+../../../../src/gpufleet/deviceplugin/api/constants.py

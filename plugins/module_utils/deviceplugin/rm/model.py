@@ -1,0 +1,1 @@
+../../../../src/gpufleet/deviceplugin/rm/model.py

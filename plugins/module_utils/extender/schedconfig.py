@@ -1,0 +1,1 @@
+../../../src/gpufleet/extender/schedconfig.py

@@ -1,0 +1,1 @@
+../../src/gpufleet/quantity.py
