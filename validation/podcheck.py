@@ -18,6 +18,7 @@ import contextlib
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ HOLD = (
     "i=0; until grep -q 'gpufleet.io/validation-release=\"now\"' " + PODINFO + "/annotations 2>/dev/null; "
     'do [ "$i" -ge {seconds} ] && {{ echo "== not released"; exit 3; }}; i=$((i+1)); sleep 1; done'
 )
+ENDED = ("Succeeded", "Failed")
 HOLD_SLACK = 60.0  # after the release: the kubelet's volume refresh, then the pod's exit
 GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)")
 # `nvidia-smi -L` under its GPU: "  MIG 1g.10gb     Device  0: (UUID: MIG-...)" (older drivers:
@@ -172,13 +174,8 @@ class Cluster:
             for n in range(count)
         ]
         deadline = time.monotonic() + self._timeout
-
-        def running() -> list[str]:
-            pods = [self.plain(self.core.read_namespaced_pod(n, self.namespace)) for n in names]
-            return [p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase") == "Running"]
-
-        while len(running()) < count and time.monotonic() < deadline:
-            time.sleep(0.5)
+        # Running, or already past it: a pod that ended will not run again, so waiting for it is pointless.
+        self._poll(names, lambda phase: phase in ("Running", *ENDED), deadline)
         for name in names:
             with contextlib.suppress(ApiException):
                 self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {"annotations": RELEASE}})
@@ -254,14 +251,22 @@ class Cluster:
         self._pods.append(name)
         return name
 
-    def _wait(self, name: str, timeout: float) -> PodRun:
-        deadline = time.monotonic() + timeout
-        pod: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            pod = self.plain(self.core.read_namespaced_pod(name, self.namespace))
-            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                break
+    def _poll(
+        self, names: list[str], done: Callable[[str], bool], deadline: float
+    ) -> dict[str, dict[str, Any]]:
+        """Read the pods every half second until ``done`` holds for each one's phase, or the deadline (a
+        monotonic time) passes; their last reads."""
+        pods: dict[str, dict[str, Any]] = {}
+        while True:
+            for name in names:
+                pods[name] = self.plain(self.core.read_namespaced_pod(name, self.namespace))
+            phases = [pod.get("status", {}).get("phase", "Pending") for pod in pods.values()]
+            if all(map(done, phases)) or time.monotonic() >= deadline:
+                return pods
             time.sleep(0.5)
+
+    def _wait(self, name: str, timeout: float) -> PodRun:
+        pod = self._poll([name], ENDED.__contains__, time.monotonic() + timeout)[name]
         status = pod.get("status") or {}
         phase = status.get("phase", "Pending")
         node = (pod.get("spec") or {}).get("nodeName")

@@ -16,6 +16,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.handoff import (
+    MIG_RESOURCE_PREFIX,
+    WHOLE_GPU_RESOURCE,
+)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import (
     RESOURCES,
     Kube,
@@ -27,7 +31,8 @@ CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
 CORDONED_ANNOTATION = "gpufleet.io/mig-cordoned"
 STATES = ("pending", "success", "failed")
-DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-", "gpufleet.io/gpu")
+# Prefixes (the module's documented default): whole GPUs, MIG devices, gpufleet's own (gpufleet.io/gpu-mem).
+DEFAULT_GPU_RESOURCES = (WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX, "gpufleet.io/gpu")
 MERGE_PATCH = "application/merge-patch+json"
 
 

@@ -33,6 +33,8 @@ GPU_MEM_RESOURCE = "gpufleet.io/gpu-mem"
 """Shared GPU memory, one device per GiB of each GPU (`<uuid>::<k>`); the extender picks the GPU."""
 WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 """Whole GPUs; the kubelet picks them."""
+MIG_RESOURCE_PREFIX = f"{WHOLE_GPU_RESOURCE.partition('/')[0]}/mig-"
+"""MIG devices under the default resource name: `nvidia.com/mig-<profile>` (mig.strategy mixed)."""
 
 # ----- Node labels --------------------------------------------------------------------------------------
 

@@ -141,7 +141,8 @@ class Config:
 
 
 def mig_resource_name(resource_name: str, profile: str) -> str:
-    """`nvidia.com/mig-1g.10gb`: the domain of the whole-GPU resource, `mig-` and the profile."""
+    """`nvidia.com/mig-1g.10gb`: the domain of the whole-GPU resource, `mig-` and the profile (with the
+    default resource name, `MIG_RESOURCE_PREFIX` and the profile)."""
     return f"{resource_name.partition('/')[0]}/mig-{profile}"
 
 

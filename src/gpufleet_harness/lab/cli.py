@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import Any
 
+from gpufleet.handoff import MIG_RESOURCE_PREFIX
 from gpufleet_harness.cluster.cli import add_build_command
 
 from .spec import LabSpec
@@ -74,7 +75,7 @@ def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
     for name, host in doc["hosts"].items():
         node = "Ready" if host["node_ready"] else "-"
         migs = host.get("allocatable_mig", {})
-        mig = ", ".join(f"{n} {r.removeprefix('nvidia.com/mig-')}" for r, n in migs.items())
+        mig = ", ".join(f"{n} {r.removeprefix(MIG_RESOURCE_PREFIX)}" for r, n in migs.items())
         print(f"{name[:18]:<18} {host['container'][:28]:<28} {host.get('runtime', '?')[:10]:<10} "
               f"{host['container_state'][:9]:<9} {node:<9} {host['allocatable_gpus']:>4}  "
               f"{mig or '-'}")  # fmt: skip

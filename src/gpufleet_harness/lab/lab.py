@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gpufleet.handoff import GPU_MEM_RESOURCE, MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.testhosts.podman import podman
 
@@ -221,9 +222,9 @@ def node_conditions(kubeconfig: str) -> dict[str, dict[str, Any]]:
             alloc = node.status.allocatable or {}
             out[node.metadata.name] = {
                 "ready": ready,
-                "gpus": int(alloc.get("nvidia.com/gpu", "0")),
-                "gpu_mem": int(alloc.get("gpufleet.io/gpu-mem", "0")),
-                "mig": {k: int(v) for k, v in sorted(alloc.items()) if k.startswith("nvidia.com/mig-")},
+                "gpus": int(alloc.get(WHOLE_GPU_RESOURCE, "0")),
+                "gpu_mem": int(alloc.get(GPU_MEM_RESOURCE, "0")),
+                "mig": {k: int(v) for k, v in sorted(alloc.items()) if k.startswith(MIG_RESOURCE_PREFIX)},
             }
         return out
     finally:
