@@ -2,7 +2,8 @@
 extender's benchmark over HTTP (an extender process that lists and watches through the real client).
 
 It speaks just the endpoints the extender uses (list, paged with ``limit`` and ``continue``, watch,
-get and merge-patch of nodes and pods, pods/binding),
+get and merge-patch of nodes and pods, pods/binding; nodes and pods as metadata only when the Accept header
+asks, as `PartialObjectMetadataList` and `PartialObjectMetadata`),
 answers errors as `Status` objects with the right codes, keeps an event log so a watch from a
 resourceVersion replays what it missed, and answers 410 for versions older than the log.
 """
@@ -59,6 +60,7 @@ class FakeApiServer:
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []
         self.oldest = 0  # watches from before this resourceVersion get 410 Gone
         self.requests: list[tuple[str, str, str, Any]] = []  # method, path, content type, body
+        self.accepts: list[tuple[str, str]] = []  # (path with query, Accept) of every GET
         # Snapshots of paged lists by (kind, field selector, resourceVersion), for their continue tokens.
         self.pages: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self.cond = threading.Condition()
@@ -114,6 +116,26 @@ def _status(code: int, message: str) -> dict[str, Any]:
     }
 
 
+def _negotiate(accept: str, servable: str) -> bool | None:
+    """Whether to answer metadata only: the first media type of the Accept header this request can be
+    served as, as the real API server negotiates. `servable` is the `as=` form the request allows
+    (PartialObjectMetadataList for a list, PartialObjectMetadata for a watch); None: nothing acceptable."""
+    for media in (accept or "application/json").split(","):
+        kind, *params = (part.strip() for part in media.split(";"))
+        if kind not in ("application/json", "*/*", "application/*"):
+            continue
+        options = dict(p.partition("=")[::2] for p in params)
+        if "as" not in options:
+            return False
+        if options == {"as": servable, "g": "meta.k8s.io", "v": "v1"}:
+            return True
+    return None
+
+
+def _partial(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+
+
 def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         # HTTP/1.1 with chunked watch bodies, as the real API server streams them: each event arrives
@@ -145,17 +167,25 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             query = {k: v[0] for k, v in parse_qs(parts.query).items()}
             body = self._body() if method in ("PATCH", "POST") else None
             fake.requests.append((method, parts.path, self.headers.get("Content-Type", ""), body))
+            if method == "GET":
+                fake.accepts.append((self.path, self.headers.get("Accept", "")))
             segments = parts.path.strip("/").split("/")
             try:
                 if segments[:2] != ["api", "v1"]:
                     raise ApiError(f"no route {parts.path}", 404)
                 rest = segments[2:]
                 if rest in (["nodes"], ["pods"]) and method == "GET":
-                    if query.get("watch") == "true":
+                    watch = query.get("watch") == "true"
+                    accept = self.headers.get("Accept", "")
+                    wanted = _negotiate(accept, "PartialObjectMetadata" + ("" if watch else "List"))
+                    if wanted is None:
+                        raise ApiError(f"none of {accept!r} can be served", 406)
+                    if watch:
                         self._watch(
                             rest[0],
                             int(query.get("resourceVersion", "0")),
                             float(query.get("timeoutSeconds", "30")),
+                            wanted,
                         )
                     else:
                         self._list(
@@ -163,6 +193,7 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                             query.get("fieldSelector", ""),
                             int(query.get("limit", "0")),
                             query.get("continue", ""),
+                            wanted,
                         )
                 elif rest[:1] == ["nodes"] and len(rest) == 2:
                     if method == "GET":
@@ -214,7 +245,7 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 code = exc.status or 500
                 self._send(code, _status(code, str(exc)))
 
-        def _list(self, kind: str, selector: str, limit: int, token: str) -> None:
+        def _list(self, kind: str, selector: str, limit: int, token: str, metadata: bool) -> None:
             if token:
                 # A continuation reads the snapshot its first page was cut from, as the real server does.
                 try:
@@ -237,9 +268,14 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 meta["continue"] = f"{version}:{end}"
             else:  # the last page: the snapshot is not needed any more
                 fake.pages.pop((kind, selector, version), None)
-            self._send(200, {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items[start:end]})
+            if metadata:
+                doc = {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}
+                page = [_partial(obj) for obj in items[start:end]]
+            else:
+                doc, page = {"kind": "List", "apiVersion": "v1"}, items[start:end]
+            self._send(200, {**doc, "metadata": meta, "items": page})
 
-        def _watch(self, kind: str, since: int, timeout: float) -> None:
+        def _watch(self, kind: str, since: int, timeout: float, metadata: bool) -> None:
             if since < fake.oldest - 1:
                 self._send(410, _status(410, "too old resource version"))
                 return
@@ -258,7 +294,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         fake.cond.wait(0.05)
                         continue
                 for version, _, change, obj in pending:
-                    line = json.dumps({"type": change, "object": obj}).encode() + b"\n"
+                    shown = _partial(obj) if metadata else obj
+                    line = json.dumps({"type": change, "object": shown}).encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     since = version
                 self.wfile.flush()

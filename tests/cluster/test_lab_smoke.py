@@ -80,6 +80,35 @@ def test_fake_node_status_patch_sets_capacity_ready_and_no_taint(
     assert node["metadata"]["annotations"]["gpufleet.io/gpus"] == "[]"
 
 
+def test_the_extenders_node_reads_get_metadata_only(
+    core: k8s.CoreV1Api, control_plane: ControlPlane, fake_node: Callable[..., k8s.V1Node]
+) -> None:
+    """KubeCluster lists and watches Nodes with an Accept asking for PartialObjectMetadata (its fallback,
+    plain JSON, would work too and hide a server that ignores the ask): 1.20 serves the list as
+    PartialObjectMetadataList and watch events as PartialObjectMetadata, annotations in, status out."""
+    from gpufleet.extender.kube import KubeCluster
+
+    fake_node("fake-meta", {"nvidia.com/gpu": 1}, annotations={"gpufleet.io/gpus": "[]"})
+    reads = KubeCluster(control_plane.api_client())._node_reads
+    listed = json.loads(reads["list"].list_node(_preload_content=False, _request_timeout=10).data)
+    assert (listed["kind"], listed["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    item = next(i for i in listed["items"] if i["metadata"]["name"] == "fake-meta")
+    assert set(item) == {"kind", "apiVersion", "metadata"}
+    assert item["metadata"]["annotations"]["gpufleet.io/gpus"] == "[]"
+    version = listed["metadata"]["resourceVersion"]
+    core.patch_node("fake-meta", {"metadata": {"annotations": {"gpufleet.io/probe": "1"}}})
+    watch = reads["watch"].list_node(
+        watch=True, resource_version=version, timeout_seconds=5, _preload_content=False, _request_timeout=15
+    )
+    try:
+        events = [json.loads(line) for line in watch if line.strip()]
+    finally:
+        watch.release_conn()
+    ours = [e["object"] for e in events if e["object"]["metadata"]["name"] == "fake-meta"]
+    assert ours and all(o["kind"] == "PartialObjectMetadata" and "status" not in o for o in ours)
+    assert ours[-1]["metadata"]["annotations"]["gpufleet.io/probe"] == "1"
+
+
 def test_pod_binding_needs_preload_content_false(
     core: k8s.CoreV1Api, fake_node: Callable[..., k8s.V1Node], namespace: str
 ) -> None:

@@ -108,6 +108,34 @@ def test_extender_over_the_kubernetes_client_syncs_filters_and_binds(fake, clust
     assert sum(g["used_gib"] for g in ext.state.inspect_node("n1")["gpus"]) == 6
 
 
+def test_nodes_are_listed_and_watched_as_metadata_only(fake, cluster, kube_extender) -> None:  # type: ignore[no-untyped-def]
+    """Nodes come as PartialObjectMetadata (names, labels, annotations; no status), with plain JSON as the
+    fallback; pods whole. A node change arriving by the watch as metadata still reaches the decisions."""
+
+    def seen() -> dict[tuple[str, bool], str]:
+        return {(path.split("?")[0], "watch=true" in path): accept for path, accept in fake.accepts}
+
+    eventually(lambda: len(seen()) == 4)  # the watches start once both lists are in
+    accepts = seen()
+    assert accepts[("/api/v1/nodes", False)].startswith("application/json;as=PartialObjectMetadataList;")
+    assert accepts[("/api/v1/nodes", True)].startswith("application/json;as=PartialObjectMetadata;")
+    assert all(a.endswith(",application/json") for (path, _), a in accepts.items() if path == "/api/v1/nodes")
+    assert "as=" not in accepts[("/api/v1/pods", False)] + accepts[("/api/v1/pods", True)]
+    filter_args = {"Pod": pod("q", mem=[14]), "NodeNames": ["n1", "m9"]}
+    assert kube_extender.api.filter(filter_args)["NodeNames"] == ["n1"]
+    cluster.add_node(node("m9", machine("m9", 1, mem=40)))
+    eventually(lambda: kube_extender.api.filter(filter_args)["NodeNames"] == ["n1", "m9"])
+    # The stand-in answers as the real server does (checked against the lab's 1.20 API server): whole
+    # Nodes to plain JSON, metadata to the metadata Accept.
+    source = kube_cluster(fake.url)
+    plain = source.core.list_node(_preload_content=False, _request_timeout=5, limit=1)
+    assert "status" in json.loads(plain.data)["items"][0]
+    meta = source._node_reads["list"].list_node(_preload_content=False, _request_timeout=5, limit=1)
+    doc = json.loads(meta.data)
+    assert (doc["kind"], doc["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    assert set(doc["items"][0]) == {"kind", "apiVersion", "metadata"}
+
+
 def test_api_errors_map_to_the_extenders_error_kinds(fake, cluster) -> None:  # type: ignore[no-untyped-def]
     kube = kube_cluster(fake.url)
     with pytest.raises(NotFoundError):

@@ -31,6 +31,16 @@ from gpufleet.logs import log_event
 
 GONE = 410
 MERGE_PATCH = "application/merge-patch+json"
+# Nodes are read as metadata only (the extender reads names, labels and annotations: NODE_FIELDS), as
+# client-go's metadata informers do: the API server leaves out status (images, conditions, node info),
+# about half of a Node's JSON. Plain JSON comes second, for a server that cannot convert; `project` reads
+# either. Lists answer PartialObjectMetadataList, watch events carry PartialObjectMetadata (meta.k8s.io/v1,
+# served since Kubernetes 1.15; checked against the lab's 1.20 API server). The header is a default header
+# of a client of its own per use: every supported version of the kubernetes client lets default headers
+# win over the Accept it sets per call (a per-call `_headers` argument exists only from version 36).
+_METADATA = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
+NODE_LIST_ACCEPT = _METADATA.format("List")
+NODE_WATCH_ACCEPT = _METADATA.format("")
 
 
 def translate(exc: BaseException, what: str) -> ApiError:
@@ -65,6 +75,11 @@ class KubeCluster:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        # Used by the nodes' watch thread alone.
+        self._node_reads = {
+            use: client.CoreV1Api(client.ApiClient(api_client.configuration, "Accept", accept))
+            for use, accept in (("list", NODE_LIST_ACCEPT), ("watch", NODE_WATCH_ACCEPT))
+        }
         self.timeout = timeout
         self.watch_timeout = watch_timeout
         self.page_size = page_size
@@ -192,7 +207,7 @@ class KubeCluster:
 
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
         call: Callable[..., Any] = (
-            self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+            self._node_reads["list"].list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
         )
         fields = NODE_FIELDS if kind == "nodes" else POD_FIELDS
         items: list[dict[str, Any]] = []
@@ -213,7 +228,7 @@ class KubeCluster:
     def _watch_kind(self, kind: str, sink: ClusterSink, stop: threading.Event) -> None:
         # With _preload_content=False the client returns the raw urllib3 response, not its model.
         call: Callable[..., Any] = (
-            self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+            self._node_reads["watch"].list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
         )
         upsert = sink.upsert_node if kind == "nodes" else sink.upsert_pod
         delete = sink.delete_node if kind == "nodes" else sink.delete_pod
