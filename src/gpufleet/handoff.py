@@ -135,6 +135,20 @@ def product_label_value(models: Collection[str]) -> str:
 
 def parse_cc(value: Any) -> tuple[int, int]:
     """Parse a CUDA compute capability: "8.0", "9", 8.6 or [8, 6]; ValueError otherwise."""
+    if type(value) is str:  # the usual form: a fleet has a handful, parsed once each
+        cc = _CC_SEEN.get(value)
+        if cc is None:
+            cc = _parse_cc(value)
+            if len(_CC_SEEN) < 256 and len(value) <= 16:
+                _CC_SEEN[value] = cc
+        return cc
+    return _parse_cc(value)
+
+
+_CC_SEEN: dict[str, tuple[int, int]] = {}
+
+
+def _parse_cc(value: Any) -> tuple[int, int]:
     if isinstance(value, list | tuple) and len(value) == 2:
         major, minor = (_bounded_int(v, 0, MAX_CC_PART) if isinstance(v, int) else None for v in value)
         if major is not None and minor is not None:
@@ -182,50 +196,63 @@ class GpuEntry:
     @classmethod
     def from_json_obj(cls, doc: Any, position: int) -> GpuEntry:
         """Parse entry number `position` of the list; ValueError naming the entry and the problem."""
-        if not isinstance(doc, dict):
-            raise ValueError(f"entry {position} is not an object")
-        try:
-            uuid = doc["uuid"]
-            memory = doc["memory_gib"]
-        except KeyError as exc:
-            raise ValueError(f"entry {position} lacks {exc.args[0]!r}") from None
-        if not isinstance(uuid, str) or not uuid:
-            raise ValueError(f"entry {position}: uuid must be a non-empty string")
-        if (
-            isinstance(memory, bool)
-            or not isinstance(memory, int | float)
-            or not 0 <= memory <= MAX_GPU_MEMORY_GIB
-        ):
-            raise ValueError(f"entry {position}: memory_gib must be a number from 0 to {MAX_GPU_MEMORY_GIB}")
-        nvlink = doc.get("nvlink") or {}
-        if not isinstance(nvlink, dict):
-            raise ValueError(f"entry {position}: nvlink must be an object of peer uuid -> link count")
-        index = _bounded_int(doc.get("index", position), 0, MAX_GPU_INDEX)
-        if index is None:
-            raise ValueError(
-                f"entry {position}: index {_short.repr(doc.get('index'))} is not an integer "
-                f"from 0 to {MAX_GPU_INDEX}"
-            )
-        model = doc.get("model") or ""
-        if not isinstance(model, str):
-            raise ValueError(f"entry {position}: model must be a string")
-        try:
-            cc = parse_cc(doc.get("cc", "0.0"))
-        except ValueError as exc:
-            raise ValueError(f"entry {position}: {exc}") from None
-        numa = doc.get("numa")
-        return cls(
-            index=index,
-            uuid=uuid,
-            model=model,
-            # The device plugin advertises one device per whole GiB, so a fractional GiB is not usable.
-            memory_gib=math.floor(memory),
-            cc=cc,
-            numa=numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
-            healthy=doc.get("healthy", True) is True,
-            nvlink=tuple(sorted((p, int(n)) for p, n in nvlink.items() if isinstance(n, int) and n > 0)),
-            mig=doc.get("mig", False) is True,
+        index, uuid, model, memory_gib, cc, numa, healthy, nvlink, mig = entry_fields(doc, position)
+        links = tuple(sorted((p, int(n)) for p, n in nvlink.items() if isinstance(n, int) and n > 0))
+        return cls(index, uuid, model, memory_gib, cc, numa, healthy, links, mig)
+
+
+EntryFields = tuple[int, str, str, int, tuple[int, int], int | None, bool, dict[str, Any], bool]
+
+
+def entry_fields(doc: Any, position: int) -> EntryFields:
+    """The checked fields of entry number `position` of the list, in GpuEntry's order, NVLink still the
+    published object (peer uuid -> link count; counts that are not positive integers mean no link);
+    ValueError naming the entry and the problem. GpuEntry.from_json_obj and the extender's own GPU
+    records are both built from it."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"entry {position} is not an object")
+    try:
+        uuid = doc["uuid"]
+        memory = doc["memory_gib"]
+    except KeyError as exc:
+        raise ValueError(f"entry {position} lacks {exc.args[0]!r}") from None
+    if not isinstance(uuid, str) or not uuid:
+        raise ValueError(f"entry {position}: uuid must be a non-empty string")
+    if (
+        isinstance(memory, bool)
+        or not isinstance(memory, int | float)
+        or not 0 <= memory <= MAX_GPU_MEMORY_GIB
+    ):
+        raise ValueError(f"entry {position}: memory_gib must be a number from 0 to {MAX_GPU_MEMORY_GIB}")
+    nvlink = doc.get("nvlink") or {}
+    if not isinstance(nvlink, dict):
+        raise ValueError(f"entry {position}: nvlink must be an object of peer uuid -> link count")
+    index = _bounded_int(doc.get("index", position), 0, MAX_GPU_INDEX)
+    if index is None:
+        raise ValueError(
+            f"entry {position}: index {_short.repr(doc.get('index'))} is not an integer "
+            f"from 0 to {MAX_GPU_INDEX}"
         )
+    model = doc.get("model") or ""
+    if not isinstance(model, str):
+        raise ValueError(f"entry {position}: model must be a string")
+    try:
+        cc = parse_cc(doc.get("cc", "0.0"))
+    except ValueError as exc:
+        raise ValueError(f"entry {position}: {exc}") from None
+    numa = doc.get("numa")
+    return (
+        index,
+        uuid,
+        model,
+        # The device plugin advertises one device per whole GiB, so a fractional GiB is not usable.
+        memory if type(memory) is int else math.floor(memory),
+        cc,
+        numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
+        doc.get("healthy", True) is True,
+        nvlink,
+        doc.get("mig", False) is True,
+    )
 
 
 def format_gpus(entries: Iterable[GpuEntry]) -> str:
@@ -235,13 +262,20 @@ def format_gpus(entries: Iterable[GpuEntry]) -> str:
 
 def parse_gpus(raw: str) -> tuple[GpuEntry, ...]:
     """Parse the `gpufleet.io/gpus` annotation; ValueError naming the first problem."""
-    doc = _load_json(raw, GPUS_ANNOTATION)
-    if not isinstance(doc, list):
-        raise ValueError("not a JSON list")
+    doc = gpus_json(raw)
     gpus = tuple(GpuEntry.from_json_obj(entry, i) for i, entry in enumerate(doc))
     if len({g.uuid for g in gpus}) != len(gpus):
         raise ValueError("duplicate GPU uuid")
     return gpus
+
+
+def gpus_json(raw: str) -> list[Any]:
+    """The `gpufleet.io/gpus` annotation decoded, its entries not yet checked (`entry_fields` checks each;
+    the uuids must differ); ValueError when it is not a JSON list."""
+    doc = _load_json(raw, GPUS_ANNOTATION)
+    if not isinstance(doc, list):
+        raise ValueError("not a JSON list")
+    return doc
 
 
 # ----- gpufleet.io/bind-lock ----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from ..handoff import (
     SHARING_TIME_SLICING,
     BindLock,
     GpuEntry,
-    parse_gpus,
+    entry_fields,
+    gpus_json,
 )
 
 # Pod annotations that shape a request (docs/extender.md).
@@ -80,26 +81,6 @@ class Gpu(GpuEntry):
     nvlink_peers: tuple[str, ...]
     tokens: frozenset[str]
 
-    @classmethod
-    def of(cls, entry: GpuEntry, uuids: Mapping[str, str] | None = None) -> Gpu:
-        """The extender's view of a published GPU; ``uuids`` maps each UUID of the node to one string."""
-        e = entry
-        canonical = uuids or {}
-        model, tokens, cc = _kind_of(e.model, e.cc)
-        return cls(
-            e.index,
-            e.uuid,
-            model,
-            e.memory_gib,
-            cc,
-            e.numa,
-            e.healthy,
-            (),
-            e.mig,
-            nvlink_peers=tuple(canonical.get(peer, peer) for peer, _ in e.nvlink),
-            tokens=tokens,
-        )
-
     @property
     def capability(self) -> tuple[int, int, int]:
         """Ordering for "most capable": compute capability first, then memory."""
@@ -107,10 +88,21 @@ class Gpu(GpuEntry):
 
 
 def node_gpus(raw: str) -> tuple[Gpu, ...]:
-    """Parse the `gpufleet.io/gpus` annotation (`gpufleet.handoff.parse_gpus`) into the extender's view."""
-    entries = parse_gpus(raw)
-    uuids = {e.uuid: e.uuid for e in entries}
-    return tuple(Gpu.of(entry, uuids) for entry in entries)
+    """Parse the `gpufleet.io/gpus` annotation into the extender's view: the checks of
+    `gpufleet.handoff.parse_gpus` (`entry_fields`), each GPU built once (at 5,000 nodes, 40,000 of them
+    while the extender gets ready), not a GpuEntry first."""
+    fields = [entry_fields(entry, i) for i, entry in enumerate(gpus_json(raw))]
+    uuids = {f[1]: f[1] for f in fields}
+    if len(uuids) != len(fields):
+        raise ValueError("duplicate GPU uuid")
+    gpus = []
+    for index, uuid, model_name, memory_gib, raw_cc, numa, healthy, nvlink, mig in fields:
+        model, tokens, cc = _kind_of(model_name, raw_cc)
+        peers = tuple(sorted(uuids.get(p, p) for p, n in nvlink.items() if isinstance(n, int) and n > 0))
+        gpus.append(
+            Gpu(index, uuid, model, memory_gib, cc, numa, healthy, (), mig, nvlink_peers=peers, tokens=tokens)
+        )
+    return tuple(gpus)
 
 
 @dataclass(frozen=True, slots=True)
