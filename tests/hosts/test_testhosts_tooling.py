@@ -53,24 +53,15 @@ def test_scenario_failure_message_names_the_failed_task(tmp_path: Path) -> None:
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
     }
+    playbook = Path(sys.executable).parent / "ansible-playbook"
     with log.open("w") as out:
-        rc = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "ansible-playbook"),
-                "-i",
-                "localhost,",
-                "-c",
-                "local",
-                str(play),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            check=False,
-        ).returncode
+        argv = [playbook, "-i", "localhost,", "-c", "local", play]
+        run = subprocess.run(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}, check=False
+        )
     with log.open("a") as out:
         out.write("\n".join(f"molecule clean-up line {n}" for n in range(80)) + "\n")
-    assert rc == 2
+    assert run.returncode == 2
     message = molecule.log_tail(log)
     failed, _, end = message.partition("\n\nthe log's end:\n")
     assert failed.startswith("failed tasks:\n"), message
