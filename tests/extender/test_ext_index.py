@@ -777,6 +777,47 @@ def test_index_after_incremental_updates_equals_a_fresh_build() -> None:
     assert world.state.maxima() == fresh.maxima()
 
 
+@pytest.mark.parametrize("pods_first", [False, True])
+def test_an_index_deferred_until_synced_equals_one_built_as_objects_arrive(pods_first: bool) -> None:
+    """The extender's state builds its index once both first lists are in (each node once, however many
+    pods it has), whichever list arrives first; until then nothing is indexed and the state is not synced."""
+    rng = random.Random(7)
+    world = World(rng, lock_wait=0.0)
+    for _ in range(12):
+        world.add_node()
+    for _ in range(300):
+        world.step()
+    for uid in list(world.reserved):
+        world.state.release(uid)
+    nodes, pods = list(world.nodes.values()), list(world.pods.values())
+    eager = ClusterState(clock=lambda: world.now)
+    deferred = ClusterState(clock=lambda: world.now, defer_index=True)
+    for state in (eager, deferred):
+        lists = [(state.replace_pods, pods), (state.replace_nodes, nodes)]
+        for i, (replace, objs) in enumerate(lists[:: 1 if pods_first else -1]):
+            replace(copy.deepcopy(objs))
+            if i == 0:
+                assert state.synced is False
+                if state is deferred:
+                    assert state.index == {}
+    assert deferred.synced and not deferred.gpus.deferring
+    assert set(deferred.index) == set(eager.index) and len(eager.index) >= 12
+    for name in eager.index:
+        assert normalized_record(deferred, deferred.index[name]) == normalized_record(
+            eager, eager.index[name]
+        )
+    busy = [name for name, entry in eager.entries().items() if len(entry.pods) > 1]
+    assert busy, "the history put several pods on some node"
+    assert {deferred.entry(name).version for name in eager.index} == {1}  # type: ignore[union-attr]
+    assert all(eager.entry(name).version > 1 for name in busy)  # type: ignore[union-attr]
+    # After the sync, changes reach the index at once.
+    node_obj = copy.deepcopy(nodes[0])
+    node_obj["metadata"]["resourceVersion"] = "999999"
+    node_obj["metadata"]["annotations"]["gpufleet.io/gpus"] = "[]"
+    deferred.upsert_node(node_obj)
+    assert deferred.index[node_obj["metadata"]["name"]].n == 0
+
+
 def test_a_lock_change_reuses_the_gpu_parse_and_a_gpu_change_does_not() -> None:
     state = ClusterState(clock=lambda: START)
     obj = node("a", [gpu(0, "GPU-a-0"), gpu(1, "GPU-a-1", model="Tesla T4", mem=16, cc="7.5")])

@@ -113,8 +113,12 @@ class NodeEntry:
 class GpuLedger:
     """GiB per GPU and whole GPUs held, per node, from one claim per pod UID; and the index of the nodes."""
 
-    def __init__(self) -> None:
+    def __init__(self, defer_index: bool = False) -> None:
         self.entries: dict[str, NodeEntry] = {}
+        # With `defer_index`, the nodes touched are only noted until `build_index`: while the first lists
+        # arrive nothing reads the index, and a node with pods would otherwise be indexed once for the
+        # node list and again for each of its pods.
+        self._deferred: dict[str, None] | None = {} if defer_index else None  # in the order first noted
         # UID -> the claim the ledger holds for it.
         self.claims: dict[str, PodUsage] = {}
         # UIDs whose claim is "binding" (expires with time): all a sweep needs to look at.
@@ -187,7 +191,23 @@ class GpuLedger:
         """The largest healthy GPU (GiB) and the most healthy GPUs on one node, over known nodes."""
         return max(self._largest, default=0), max(self._counts, default=0)
 
+    @property
+    def deferring(self) -> bool:
+        """Whether the index waits for `build_index`."""
+        return self._deferred is not None
+
+    def build_index(self) -> None:
+        """Index every node noted while deferring, once each; from here on every change indexes at once."""
+        deferred, self._deferred = self._deferred, None
+        for name in deferred or ():
+            entry = self.entries.get(name)
+            if entry is not None:
+                self._refresh(entry)
+
     def _refresh(self, entry: NodeEntry) -> None:
+        if self._deferred is not None:
+            self._deferred[entry.name] = None
+            return
         entry.refresh()
         record = entry.record()
         if record is not None:

@@ -98,7 +98,9 @@ def node_gpus(raw: str) -> tuple[Gpu, ...]:
     gpus = []
     for index, uuid, model_name, memory_gib, raw_cc, numa, healthy, nvlink, mig in fields:
         model, tokens, cc = _kind_of(model_name, raw_cc)
-        peers = tuple(sorted(uuids.get(p, p) for p, n in nvlink.items() if isinstance(n, int) and n > 0))
+        linked = [uuids.get(p, p) for p, n in nvlink.items() if isinstance(n, int) and n > 0]
+        linked.sort()
+        peers = tuple(linked)
         gpus.append(
             Gpu(index, uuid, model, memory_gib, cc, numa, healthy, (), mig, nvlink_peers=peers, tokens=tokens)
         )

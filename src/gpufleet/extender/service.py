@@ -29,7 +29,9 @@ class Extender:
         self.settings = settings
         self.cluster = cluster
         self.metrics = Metrics()
-        self.state = ClusterState(settings.lock_ttl, settings.reservation_ttl, clock, settings.lock_wait)
+        self.state = ClusterState(
+            settings.lock_ttl, settings.reservation_ttl, clock, settings.lock_wait, defer_index=True
+        )
         self.binder = Binder(
             cluster,
             self.state,

@@ -36,11 +36,14 @@ class ClusterState:
         reservation_ttl: float = 300.0,
         clock: Callable[[], float] = time.time,
         lock_wait: float = 0.0,
+        defer_index: bool = False,
     ) -> None:
         self.clock = clock
         self.lock = threading.RLock()
         self.watch = WatchCache()
-        self.gpus = GpuLedger()
+        # `defer_index`: the index is built once, when both first lists are in (GpuLedger.build_index);
+        # nothing reads it before (filter, prioritize and bind wait for `synced`).
+        self.gpus = GpuLedger(defer_index)
         self.locks = BindLocks(lock_ttl, lock_wait, reservation_ttl)
         # What filter and prioritize read (gpufleet.extender.index), kept by the ledger.
         self.index: dict[str, Record] = self.gpus.index
@@ -84,7 +87,7 @@ class ClusterState:
                     seen.add(name)
             for name in [n for n in self.watch.nodes if n not in seen]:
                 self._drop_node(name)
-            self.watch.listed.add("nodes")
+            self._listed("nodes")
 
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         """A node was added or changed."""
@@ -108,7 +111,7 @@ class ClusterState:
                     seen.add(uid)
             for uid in [u for u in self.watch.pods if u not in seen]:
                 self._forget_pod(uid)
-            self.watch.listed.add("pods")
+            self._listed("pods")
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         """A pod was added or changed."""
@@ -132,6 +135,12 @@ class ClusterState:
         return self.watch.synced
 
     # ------------------------------------------------------------------ internals
+
+    def _listed(self, kind: str) -> None:
+        """A first (or later) full list of `kind` is in; the index is complete before `synced` turns true."""
+        if self.gpus.deferring and {"nodes", "pods"} <= self.watch.listed | {kind}:
+            self.gpus.build_index()
+        self.watch.listed.add(kind)
 
     def _put_node(self, obj: Mapping[str, Any]) -> str | None:
         info = self.watch.put_node(obj)

@@ -95,11 +95,14 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
             assignment = Assignment.from_json(raw)
         except ValueError as exc:
             assignment_error = str(exc)
-    try:
+    if request is not None:
+        whole = request.whole
+    else:
         # Counted apart from the full parse: a typo in a preference annotation must not hide GPUs in use.
-        whole = whole_gpus(spec)
-    except RequestError:
-        whole = 0
+        try:
+            whole = whole_gpus(spec)
+        except RequestError:
+            whole = 0
     relevant = (
         request_error is not None
         or raw is not None
