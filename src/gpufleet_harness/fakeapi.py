@@ -61,8 +61,9 @@ class FakeApiServer:
         self.oldest = 0  # watches from before this resourceVersion get 410 Gone
         self.requests: list[tuple[str, str, str, Any]] = []  # method, path, content type, body
         self.accepts: list[tuple[str, str]] = []  # (path with query, Accept) of every GET
-        # Snapshots of paged lists by (kind, field selector, resourceVersion), for their continue tokens.
-        self.pages: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        # Snapshots of paged lists, their objects encoded, by (kind, field selector, metadata only,
+        # resourceVersion), for their continue tokens.
+        self.pages: dict[tuple[str, str, bool, str], list[str]] = {}
         self.cond = threading.Condition()
         self.stop = threading.Event()
         self._recorder = threading.Thread(
@@ -146,7 +147,9 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _send(self, code: int, doc: Any) -> None:
-            data = json.dumps(doc).encode()
+            self._send_bytes(code, json.dumps(doc).encode())
+
+        def _send_bytes(self, code: int, data: bytes) -> None:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -250,30 +253,32 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 # A continuation reads the snapshot its first page was cut from, as the real server does.
                 try:
                     version, offset = token.split(":")
-                    items = fake.pages[(kind, selector, version)]
+                    items = fake.pages[(kind, selector, metadata, version)]
                 except (ValueError, KeyError):
                     raise ApiError("continue token expired or invalid", 410) from None
                 start = int(offset)
             else:
-                nodes, pods, version = fake.cluster.snapshot()
-                items = nodes if kind == "nodes" else pods
+                keep = None
                 if selector.startswith("spec.nodeName="):
                     wanted = selector.split("=", 1)[1]
-                    items = [p for p in items if (p.get("spec") or {}).get("nodeName") == wanted]
+                    keep = lambda p: (p.get("spec") or {}).get("nodeName") == wanted  # noqa: E731
+                encode = (lambda o: json.dumps(_partial(o))) if metadata else json.dumps
+                items, version = fake.cluster.encoded(kind, encode, keep)
                 start = 0
             end = start + limit if limit > 0 else len(items)
             meta: dict[str, Any] = {"resourceVersion": version}
             if end < len(items):
-                fake.pages[(kind, selector, version)] = items
+                fake.pages[(kind, selector, metadata, version)] = items
                 meta["continue"] = f"{version}:{end}"
             else:  # the last page: the snapshot is not needed any more
-                fake.pages.pop((kind, selector, version), None)
-            if metadata:
-                doc = {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}
-                page = [_partial(obj) for obj in items[start:end]]
-            else:
-                doc, page = {"kind": "List", "apiVersion": "v1"}, items[start:end]
-            self._send(200, {**doc, "metadata": meta, "items": page})
+                fake.pages.pop((kind, selector, metadata, version), None)
+            head = (
+                {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}
+                if metadata
+                else {"kind": "List", "apiVersion": "v1"}
+            )
+            head_json = json.dumps({**head, "metadata": meta})[:-1]
+            self._send_bytes(200, f'{head_json}, "items": [{", ".join(items[start:end])}]}}'.encode())
 
         def _watch(self, kind: str, since: int, timeout: float, metadata: bool) -> None:
             if since < fake.oldest - 1:

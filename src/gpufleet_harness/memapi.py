@@ -140,6 +140,19 @@ class InMemoryCluster:
         with self._lock:
             return [copy.deepcopy(p) for p in self._pods.values()]
 
+    def encoded(
+        self,
+        kind: str,
+        encode: Callable[[dict[str, Any]], str],
+        keep: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> tuple[list[str], str]:
+        """The nodes or the pods (those ``keep`` accepts), each encoded by ``encode`` while the lock is held,
+        and the resourceVersion: a consistent LIST without copying every object first (an API server serves
+        it from its watch cache, whose objects nobody changes in place)."""
+        with self._lock:
+            store = self._nodes if kind == "nodes" else self._pods
+            return [encode(o) for o in store.values() if keep is None or keep(o)], str(self._rv)
+
     def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
         """Nodes, pods and the resourceVersion they were read at, consistently (for a LIST)."""
         with self._lock:
