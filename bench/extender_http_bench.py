@@ -11,8 +11,8 @@ everything is measured from outside:
 
 - ready: process start to the first filter answer that admits every node (the pod asks 10 GiB), so
   interpreter start, imports, both lists and the index are in it; and the extender's CPU time until then,
-  which leaves out the stand-in's own time to encode the lists (a real API server serves them from its
-  watch cache);
+  which leaves out the stand-in's own time to serve the lists (it encodes each object once per list; Nodes
+  as metadata only when the extender asks, as it does since session 14);
 - RSS: the process's VmRSS and VmHWM (peak) after the rounds;
 - filter and prioritize: wall time per request on one keep-alive connection (what the scheduler holds),
   NodeNames mode (nodeCacheCapable), all N nodes as candidates; the reply is read in full.
@@ -288,7 +288,7 @@ def main() -> int:
             ready, cpu = time.monotonic() - spawned, cpu_seconds(proc.pid)
             print(
                 f"ready (first filter admitting all {args.nodes} nodes): {ready:.2f} s, the extender's CPU "
-                f"{cpu:.2f} s (the rest: the API server stand-in, in this process, encoding the lists)"
+                f"{cpu:.2f} s (the rest: waiting, mostly on the API server stand-in in this process)"
             )
             assert conn is not None
             # Timed from the "synced" log line on: the one full collection and the heap freeze that follow
