@@ -86,20 +86,19 @@ def test_the_extenders_node_reads_get_metadata_only(
     """KubeCluster lists and watches Nodes with an Accept asking for PartialObjectMetadata (its fallback,
     plain JSON, would work too and hide a server that ignores the ask): 1.20 serves the list as
     PartialObjectMetadataList and watch events as PartialObjectMetadata, annotations in, status out."""
-    from gpufleet.extender.kube import KubeCluster
+    from gpufleet.extender.kube import NODE_LIST_ACCEPT, NODE_WATCH_ACCEPT, KubeCluster
 
     fake_node("fake-meta", {"nvidia.com/gpu": 1}, annotations={"gpufleet.io/gpus": "[]"})
-    reads = KubeCluster(control_plane.api_client())._node_reads
-    listed = json.loads(reads["list"].list_node(_preload_content=False, _request_timeout=10).data)
+    source = KubeCluster(control_plane.api_client())
+    listed = source._request("list", "GET", "/api/v1/nodes", accept=NODE_LIST_ACCEPT)
     assert (listed["kind"], listed["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
     item = next(i for i in listed["items"] if i["metadata"]["name"] == "fake-meta")
     assert set(item) == {"kind", "apiVersion", "metadata"}
     assert item["metadata"]["annotations"]["gpufleet.io/gpus"] == "[]"
     version = listed["metadata"]["resourceVersion"]
     core.patch_node("fake-meta", {"metadata": {"annotations": {"gpufleet.io/probe": "1"}}})
-    watch = reads["watch"].list_node(
-        watch=True, resource_version=version, timeout_seconds=5, _preload_content=False, _request_timeout=15
-    )
+    query = {"watch": "true", "resourceVersion": version, "timeoutSeconds": 5}
+    watch = source._request("watch", "GET", "/api/v1/nodes", query, accept=NODE_WATCH_ACCEPT, stream=True)
     try:
         events = [json.loads(line) for line in watch if line.strip()]
     finally:

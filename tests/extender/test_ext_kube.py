@@ -15,7 +15,7 @@ import pytest
 from extender_builders import machine, node, pod
 
 from gpufleet.extender.cluster import ConflictError, InvalidError, NotFoundError, UnavailableError
-from gpufleet.extender.kube import KubeCluster
+from gpufleet.extender.kube import NODE_LIST_ACCEPT, KubeCluster
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
 from gpufleet_harness.fakeapi import FakeApiServer, extender_command
@@ -128,10 +128,9 @@ def test_nodes_are_listed_and_watched_as_metadata_only(fake, cluster, kube_exten
     # The stand-in answers as the real server does (checked against the lab's 1.20 API server): whole
     # Nodes to plain JSON, metadata to the metadata Accept.
     source = kube_cluster(fake.url)
-    plain = source.core.list_node(_preload_content=False, _request_timeout=5, limit=1)
-    assert "status" in json.loads(plain.data)["items"][0]
-    meta = source._node_reads["list"].list_node(_preload_content=False, _request_timeout=5, limit=1)
-    doc = json.loads(meta.data)
+    plain = source._request("list", "GET", "/api/v1/nodes", {"limit": 1})
+    assert "status" in plain["items"][0]
+    doc = source._request("list", "GET", "/api/v1/nodes", {"limit": 1}, accept=NODE_LIST_ACCEPT)
     assert (doc["kind"], doc["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
     assert set(doc["items"][0]) == {"kind", "apiVersion", "metadata"}
 

@@ -1,21 +1,25 @@
-"""`ClusterSource` over the `kubernetes` Python client (tested with client 37 against API servers 1.20+).
+"""`ClusterSource` over the `kubernetes` Python client's connection (client 29-37, API servers 1.20+).
 
-Every call uses `_preload_content=False` and parses the JSON itself: objects stay plain dicts (the
-form the scheduler sends, cheaper than the client's models), cut to the fields decisions read as each list
-page or watch event arrives (`watchcache.project`), watch streams are read line by line, and
-`create_namespaced_pod_binding` works against 1.20 (the client's model chokes on its Status reply).
+The client reads the kubeconfig or the service account (`gpufleet.kubeconfig`), builds the TLS connection
+pool and keeps the credentials fresh (exec plugins, rotated service-account tokens); the calls themselves go
+through that pool as plain HTTP requests. The generated API classes are not used: the extender makes eight
+kinds of call, and in client 37 the first `CoreV1Api` builds about 250 pydantic models, 0.7 s of CPU before
+the first list. Objects stay plain dicts (the form the scheduler sends), cut to the fields decisions read as
+each list page or watch event arrives (`watchcache.project`), and watch streams are read line by line.
 Patches are JSON merge patches; `metadata.resourceVersion` in a patch is the API server's optimistic
 concurrency precondition (409 on mismatch) and `metadata.uid` cannot change (422 on mismatch).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, urlencode
+
+import urllib3
 
 from gpufleet.extender.cluster import (
     ApiError,
@@ -30,56 +34,55 @@ from gpufleet.kubeconfig import api_client
 from gpufleet.logs import log_event
 
 GONE = 410
+JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 # Nodes are read as metadata only (the extender reads names, labels and annotations: NODE_FIELDS), as
 # client-go's metadata informers do: the API server leaves out status (images, conditions, node info),
 # about half of a Node's JSON. Plain JSON comes second, for a server that cannot convert; `project` reads
 # either. Lists answer PartialObjectMetadataList, watch events carry PartialObjectMetadata (meta.k8s.io/v1,
-# served since Kubernetes 1.15; checked against the lab's 1.20 API server). The header is a default header
-# of a client of its own per use: every supported version of the kubernetes client lets default headers
-# win over the Accept it sets per call (a per-call `_headers` argument exists only from version 36).
+# served since Kubernetes 1.15; checked against the lab's 1.20 API server).
 _METADATA = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
 NODE_LIST_ACCEPT = _METADATA.format("List")
 NODE_WATCH_ACCEPT = _METADATA.format("")
+_PATHS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods"}
+
+
+def error_for(status: int, body: bytes | str | None, what: str) -> ApiError:
+    """The extender's ApiError kind for an HTTP error status, with the API server's Status message."""
+    message = ""
+    try:
+        doc = json.loads(body or b"{}")
+        message = str(doc.get("message") or "") if isinstance(doc, dict) else ""
+    except ValueError:
+        pass
+    text = f"{what}: {status} {message}".strip()
+    if status == 409:
+        return ConflictError(text)
+    if status == 404:
+        return NotFoundError(text)
+    if status == 0 or status == 429 or status >= 500:
+        return UnavailableError(text, status or None)
+    return InvalidError(text, status)
 
 
 def translate(exc: BaseException, what: str) -> ApiError:
-    """Map a client exception onto the extender's ApiError kinds."""
-    from kubernetes.client.exceptions import ApiException
-
+    """Map an exception of a call onto the extender's ApiError kinds: urllib3's connection, timeout and
+    protocol errors, and OSError underneath them, are the API server being unavailable."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, ApiException):
-        status = int(exc.status or 0)
-        message = exc.reason or ""
-        with contextlib.suppress(ValueError, AttributeError):
-            message = json.loads(exc.body or "{}").get("message") or message
-        text = f"{what}: {status} {message}".strip()
-        if status == 409:
-            return ConflictError(text)
-        if status == 404:
-            return NotFoundError(text)
-        if status == 0 or status == 429 or status >= 500:
-            return UnavailableError(text, status or None)
-        return InvalidError(text, status)
-    # urllib3's connection, timeout and protocol errors, and OSError underneath them.
     return UnavailableError(f"{what}: {type(exc).__name__}: {exc}")
 
 
 class KubeCluster:
-    """Reads, writes and watches through one `kubernetes.client.ApiClient`."""
+    """Reads, writes and watches through the connection of one `kubernetes.client.ApiClient`."""
 
     def __init__(
         self, api_client: Any, timeout: float = 10.0, watch_timeout: int = 300, page_size: int = 500
     ) -> None:
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
-        # Used by the nodes' watch thread alone.
-        self._node_reads = {
-            use: client.CoreV1Api(client.ApiClient(api_client.configuration, "Accept", accept))
-            for use, accept in (("list", NODE_LIST_ACCEPT), ("watch", NODE_WATCH_ACCEPT))
-        }
+        self.api_client = api_client
+        self.configuration = api_client.configuration
+        self.pool = api_client.rest_client.pool_manager
+        self.host = str(self.configuration.host).rstrip("/")
         self.timeout = timeout
         self.watch_timeout = watch_timeout
         self.page_size = page_size
@@ -94,14 +97,53 @@ class KubeCluster:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _json(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": str(self.api_client.user_agent)}
+        if content_type:
+            headers["Content-Type"] = content_type
+        # The bearer token, read anew each time: the client's refresh hook renews exec-plugin and
+        # service-account tokens. Client certificates are the pool's.
+        for setting in self.configuration.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        return headers
+
+    def _request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        *,
+        content_type: str | None = None,
+        accept: str = JSON,
+        stream: bool = False,
+        timeout: Any = None,
+    ) -> Any:
+        """Send one request; the urllib3 response (2xx only) when `stream`, else the body as a dict."""
+        url = self.host + path + ("?" + urlencode(query) if query else "")
+        data = json.dumps(body).encode() if body is not None else None
         try:
-            response = call(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-            data = response.data
+            response = self.pool.request(
+                method,
+                url,
+                body=data,
+                headers=self._headers(accept, content_type if data is not None else None),
+                preload_content=not stream,
+                timeout=timeout if timeout is not None else self.timeout,
+            )
         except Exception as exc:
             raise translate(exc, what) from None
+        if not 200 <= response.status <= 299:
+            payload = response.data if not stream else response.read()
+            if stream:
+                response.release_conn()
+            raise error_for(response.status, payload, what)
+        if stream:
+            return response
         try:
-            doc = json.loads(data) if data else {}
+            doc = json.loads(response.data) if response.data else {}
         except ValueError:
             raise UnavailableError(f"{what}: reply is not JSON") from None
         return doc if isinstance(doc, dict) else {}
@@ -110,25 +152,25 @@ class KubeCluster:
 
     def get_node(self, name: str) -> dict[str, Any]:
         """GET the node."""
-        return self._json(f"get node {name}", self.core.read_node, name)
+        return self._request(f"get node {name}", "GET", f"/api/v1/nodes/{quote(name)}")
 
     def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str
     ) -> dict[str, Any]:
         """Merge-patch annotations with the resourceVersion precondition."""
         body = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
-        return self._json(f"patch node {name}", self.core.patch_node, name, body, _content_type=MERGE_PATCH)
+        return self._request(
+            f"patch node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}", body=body, content_type=MERGE_PATCH
+        )
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """GET the pod."""
-        return self._json(f"get pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace)
+        return self._request(f"get pod {namespace}/{name}", "GET", _pod_path(namespace, name))
 
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
         """LIST pods with spec.nodeName=node (no resourceVersion: a quorum read)."""
-        doc = self._json(
-            f"list pods on {node}",
-            self.core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={node}",
+        doc = self._request(
+            f"list pods on {node}", "GET", _PATHS["pods"], {"fieldSelector": f"spec.nodeName={node}"}
         )
         return list(doc.get("items") or [])
 
@@ -146,31 +188,29 @@ class KubeCluster:
             meta["uid"] = uid
         if resource_version:
             meta["resourceVersion"] = resource_version
-        return self._json(
+        return self._request(
             f"patch pod {namespace}/{name}",
-            self.core.patch_namespaced_pod,
-            name,
-            namespace,
-            {"metadata": meta},
-            _content_type=MERGE_PATCH,
+            "PATCH",
+            _pod_path(namespace, name),
+            body={"metadata": meta},
+            content_type=MERGE_PATCH,
         )
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """POST pods/binding with the pod's UID as precondition."""
-        from kubernetes import client
-
-        body = client.V1Binding(
-            api_version="v1",
-            kind="Binding",
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-        )
-        self._json(
+        metadata = {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._request(
             f"bind pod {namespace}/{name} to {node}",
-            self.core.create_namespaced_pod_binding,
-            name,
-            namespace,
-            body,
+            "POST",
+            _pod_path(namespace, name) + "/binding",
+            body=body,
+            content_type=JSON,
         )
 
     def watch(self, sink: ClusterSink, stop: threading.Event) -> None:
@@ -206,17 +246,15 @@ class KubeCluster:
         sink.set_watch_error(combined)
 
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        call: Callable[..., Any] = (
-            self._node_reads["list"].list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
-        )
+        accept = NODE_LIST_ACCEPT if kind == "nodes" else JSON
         fields = NODE_FIELDS if kind == "nodes" else POD_FIELDS
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": self.page_size}
+            query: dict[str, Any] = {"limit": self.page_size}
             if token:
-                kwargs["_continue"] = token
-            doc = self._json(f"list {kind}", call, **kwargs)
+                query["continue"] = token
+            doc = self._request(f"list {kind}", "GET", _PATHS[kind], query, accept=accept)
             # Cut page by page: only what decisions read outlives the page (watchcache.project).
             items.extend(project(obj, fields) for obj in doc.get("items") or [])
             meta = doc.get("metadata") or {}
@@ -226,10 +264,7 @@ class KubeCluster:
                 return items, str(meta.get("resourceVersion") or "")
 
     def _watch_kind(self, kind: str, sink: ClusterSink, stop: threading.Event) -> None:
-        # With _preload_content=False the client returns the raw urllib3 response, not its model.
-        call: Callable[..., Any] = (
-            self._node_reads["watch"].list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
-        )
+        accept = NODE_WATCH_ACCEPT if kind == "nodes" else JSON
         upsert = sink.upsert_node if kind == "nodes" else sink.upsert_pod
         delete = sink.delete_node if kind == "nodes" else sink.delete_pod
         replace = sink.replace_nodes if kind == "nodes" else sink.replace_pods
@@ -241,17 +276,21 @@ class KubeCluster:
                 if version is None:
                     items, version = self._list(kind)
                     replace(items)
-                try:
-                    response = call(
-                        watch=True,
-                        resource_version=version,
-                        allow_watch_bookmarks=True,
-                        timeout_seconds=self.watch_timeout,
-                        _preload_content=False,
-                        _request_timeout=(self.timeout, self.watch_timeout + 30),
-                    )
-                except Exception as exc:
-                    raise translate(exc, f"watch {kind}") from None
+                query = {
+                    "watch": "true",
+                    "resourceVersion": version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": self.watch_timeout,
+                }
+                response = self._request(
+                    f"watch {kind}",
+                    "GET",
+                    _PATHS[kind],
+                    query,
+                    accept=accept,
+                    stream=True,
+                    timeout=urllib3.Timeout(connect=self.timeout, read=self.watch_timeout + 30),
+                )
                 with self._open_lock:
                     self._open.add(response)
                 self._report(sink, kind, None)
@@ -288,3 +327,7 @@ class KubeCluster:
                 log_event("watch_error", logging.WARNING, kind=kind, error=str(error), retry_in=backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
