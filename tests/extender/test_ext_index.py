@@ -750,17 +750,22 @@ def test_index_and_decisions_match_a_brute_force_scan_over_random_histories(seed
     check_decisions(world, 10)
 
 
-def test_index_after_incremental_updates_equals_a_fresh_build() -> None:
-    rng = random.Random(42)
-    world = World(rng, lock_wait=3.0)
-    for _ in range(15):
+def _history(seed: int, nodes: int, steps: int, lock_wait: float) -> World:
+    """A random history on `nodes` nodes, its reservations released (they live only in this process; a
+    fresh state from the same objects has none)."""
+    world = World(random.Random(seed), lock_wait=lock_wait)
+    for _ in range(nodes):
         world.add_node()
-    for _ in range(400):
+    for _ in range(steps):
         world.step()
-    # Reservations live only in this process; a fresh state from the same objects has none. Settled
-    # ones expire after reservation_ttl.
     for uid in list(world.reserved):
         world.state.release(uid)
+    return world
+
+
+def test_index_after_incremental_updates_equals_a_fresh_build() -> None:
+    world = _history(42, 15, 400, lock_wait=3.0)
+    # Settled reservations expire after reservation_ttl.
     world.now += 31
     world.state.sweep()
     assert world.state.reservation_count() == 0
@@ -781,14 +786,7 @@ def test_index_after_incremental_updates_equals_a_fresh_build() -> None:
 def test_an_index_deferred_until_synced_equals_one_built_as_objects_arrive(pods_first: bool) -> None:
     """The extender's state builds its index once both first lists are in (each node once, however many
     pods it has), whichever list arrives first; until then nothing is indexed and the state is not synced."""
-    rng = random.Random(7)
-    world = World(rng, lock_wait=0.0)
-    for _ in range(12):
-        world.add_node()
-    for _ in range(300):
-        world.step()
-    for uid in list(world.reserved):
-        world.state.release(uid)
+    world = _history(7, 12, 300, lock_wait=0.0)
     nodes, pods = list(world.nodes.values()), list(world.pods.values())
     eager = ClusterState(clock=lambda: world.now)
     deferred = ClusterState(clock=lambda: world.now, defer_index=True)
