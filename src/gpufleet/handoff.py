@@ -19,6 +19,7 @@ Allocate with its own `HandoffError`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -135,17 +136,14 @@ def product_label_value(models: Collection[str]) -> str:
 
 def parse_cc(value: Any) -> tuple[int, int]:
     """Parse a CUDA compute capability: "8.0", "9", 8.6 or [8, 6]; ValueError otherwise."""
-    if type(value) is str:  # the usual form: a fleet has a handful, parsed once each
-        cc = _CC_SEEN.get(value)
-        if cc is None:
-            cc = _parse_cc(value)
-            if len(_CC_SEEN) < 256 and len(value) <= 16:
-                _CC_SEEN[value] = cc
-        return cc
+    if type(value) is str and len(value) <= 16:  # the usual form: a fleet has a handful, parsed once each
+        return _parse_short_cc(value)
     return _parse_cc(value)
 
 
-_CC_SEEN: dict[str, tuple[int, int]] = {}
+@functools.lru_cache(maxsize=256)
+def _parse_short_cc(value: str) -> tuple[int, int]:
+    return _parse_cc(value)
 
 
 def _parse_cc(value: Any) -> tuple[int, int]:
@@ -196,18 +194,17 @@ class GpuEntry:
     @classmethod
     def from_json_obj(cls, doc: Any, position: int) -> GpuEntry:
         """Parse entry number `position` of the list; ValueError naming the entry and the problem."""
-        index, uuid, model, memory_gib, cc, numa, healthy, nvlink, mig = entry_fields(doc, position)
-        links = tuple(sorted((p, int(n)) for p, n in nvlink.items() if isinstance(n, int) and n > 0))
-        return cls(index, uuid, model, memory_gib, cc, numa, healthy, links, mig)
+        index, uuid, model, memory_gib, cc, numa, healthy, links, mig = entry_fields(doc, position)
+        return cls(index, uuid, model, memory_gib, cc, numa, healthy, tuple(sorted(links)), mig)
 
 
-EntryFields = tuple[int, str, str, int, tuple[int, int], int | None, bool, dict[str, Any], bool]
+EntryFields = tuple[int, str, str, int, tuple[int, int], int | None, bool, list[tuple[str, int]], bool]
 
 
 def entry_fields(doc: Any, position: int) -> EntryFields:
-    """The checked fields of entry number `position` of the list, in GpuEntry's order, NVLink still the
-    published object (peer uuid -> link count; counts that are not positive integers mean no link);
-    ValueError naming the entry and the problem. GpuEntry.from_json_obj and the extender's own GPU
+    """The checked fields of entry number `position` of the list, in GpuEntry's order, NVLink as the
+    (peer uuid, link count) pairs in the published order (counts that are not positive integers mean no
+    link); ValueError naming the entry and the problem. GpuEntry.from_json_obj and the extender's own GPU
     records are both built from it."""
     if not isinstance(doc, dict):
         raise ValueError(f"entry {position} is not an object")
@@ -250,7 +247,7 @@ def entry_fields(doc: Any, position: int) -> EntryFields:
         cc,
         numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
         doc.get("healthy", True) is True,
-        nvlink,
+        [(p, int(n)) for p, n in nvlink.items() if isinstance(n, int) and n > 0],
         doc.get("mig", False) is True,
     )
 

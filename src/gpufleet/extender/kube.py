@@ -152,7 +152,7 @@ class KubeCluster:
 
     def get_node(self, name: str) -> dict[str, Any]:
         """GET the node."""
-        return self._request(f"get node {name}", "GET", f"/api/v1/nodes/{quote(name)}")
+        return self._request(f"get node {name}", "GET", _node_path(name))
 
     def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str
@@ -160,7 +160,7 @@ class KubeCluster:
         """Merge-patch annotations with the resourceVersion precondition."""
         body = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
         return self._request(
-            f"patch node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}", body=body, content_type=MERGE_PATCH
+            f"patch node {name}", "PATCH", _node_path(name), body=body, content_type=MERGE_PATCH
         )
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
@@ -327,6 +327,10 @@ class KubeCluster:
                 log_event("watch_error", logging.WARNING, kind=kind, error=str(error), retry_in=backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+
+def _node_path(name: str) -> str:
+    return f"{_PATHS['nodes']}/{quote(name)}"
 
 
 def _pod_path(namespace: str, name: str) -> str:

@@ -96,9 +96,9 @@ def node_gpus(raw: str) -> tuple[Gpu, ...]:
     if len(uuids) != len(fields):
         raise ValueError("duplicate GPU uuid")
     gpus = []
-    for index, uuid, model_name, memory_gib, raw_cc, numa, healthy, nvlink, mig in fields:
+    for index, uuid, model_name, memory_gib, raw_cc, numa, healthy, links, mig in fields:
         model, tokens, cc = _kind_of(model_name, raw_cc)
-        linked = [uuids.get(p, p) for p, n in nvlink.items() if isinstance(n, int) and n > 0]
+        linked = [uuids.get(p, p) for p, _ in links]
         linked.sort()
         peers = tuple(linked)
         gpus.append(

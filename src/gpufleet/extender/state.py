@@ -138,7 +138,7 @@ class ClusterState:
 
     def _listed(self, kind: str) -> None:
         """A first (or later) full list of `kind` is in; the index is complete before `synced` turns true."""
-        if self.gpus.deferring and {"nodes", "pods"} <= self.watch.listed | {kind}:
+        if self.gpus.deferring and self.watch.synced_with(kind):
             self.gpus.build_index()
         self.watch.listed.add(kind)
 

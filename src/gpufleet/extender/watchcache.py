@@ -191,7 +191,11 @@ class WatchCache:
     @property
     def synced(self) -> bool:
         """Whether both the node and the pod lists have arrived at least once."""
-        return {"nodes", "pods"} <= self.listed
+        return self.synced_with()
+
+    def synced_with(self, *kinds: str) -> bool:
+        """Whether both lists will have arrived once `kinds` are in too."""
+        return {"nodes", "pods"} <= self.listed.union(kinds)
 
     def put_node(self, obj: Mapping[str, Any]) -> NodeInfo | None:
         """Keep a Node as its NodeInfo; None (and a complaint) when it cannot be read."""
