@@ -70,6 +70,25 @@ def test_lists_are_read_page_by_page_and_cut_to_what_decisions_read(fake, cluste
     assert kept <= {"name", "resourceVersion", "labels", "annotations"}, kept
 
 
+def test_stand_in_lists_each_change_though_it_encodes_an_object_once_per_version(fake, cluster) -> None:  # type: ignore[no-untyped-def]
+    source = kube_cluster(fake.url)
+    source._list("nodes")
+    source._list("pods")
+    before = fake.encodings[("pods", False)][("default", "p")]
+    cluster.update_node("n1", lambda n: n["metadata"]["labels"].update(changed="yes"))
+    cluster.set_pod_phase("default", "p", "Succeeded")
+    nodes, _ = source._list("nodes")
+    pods, _ = source._list("pods")
+    assert next(n for n in nodes if n["metadata"]["name"] == "n1")["metadata"]["labels"]["changed"] == "yes"
+    assert [p["status"]["phase"] for p in pods] == ["Succeeded"]
+    after = fake.encodings[("pods", False)][("default", "p")]
+    assert after[0] == pods[0]["metadata"]["resourceVersion"] != before[0]
+    # An unchanged object is not encoded again: the same text object is served.
+    w1 = fake.encodings[("nodes", True)][("", "w1")]
+    source._list("nodes")
+    assert fake.encodings[("nodes", True)][("", "w1")][1] is w1[1]
+
+
 def test_extender_over_the_kubernetes_client_syncs_filters_and_binds(fake, cluster, kube_extender) -> None:  # type: ignore[no-untyped-def]
     ext = kube_extender
     assert ext.state.totals()["nodes"] == 2
