@@ -165,7 +165,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     # No automatic collection while the first lists arrive: they allocate hundreds of thousands of objects,
     # which would set off repeated full collections over a growing heap (about a second of CPU at 5,000
-    # nodes). The cache holds no cycles; once synced, one collection, the freeze, and collection as usual.
+    # nodes). The cache holds no cycles: one collection now, while the heap holds little more than the
+    # imports, and once synced the freeze (no collection then, see `freeze_heap`) and collection as usual.
+    gc.collect()
     gc.disable()
     extender.start()
 
@@ -173,7 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Collection resumes after two minutes without a sync all the same (a retrying watch makes cycles).
         synced = extender.wait_synced(timeout=120)
         if synced:
-            extender.freeze_heap()
+            extender.freeze_heap(collect=False)
         gc.enable()
         if not synced and extender.wait_synced(timeout=3600):
             synced = True
