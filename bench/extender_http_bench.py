@@ -307,14 +307,14 @@ def main() -> int:
             ready, cpu = time.monotonic() - spawned, cpu_seconds(proc.pid)
             print(
                 f"ready (first filter admitting all {args.nodes} nodes): {ready:.2f} s, the extender's CPU "
-                f"{cpu:.2f} s (the rest: waiting, mostly on the API server stand-in in this process)"
+                f"{cpu:.2f} s (the rest: waiting for the stand-in and the network)"
             )
             assert conn is not None
-            # Timed from the "synced" log line on: the one full collection and the heap freeze that follow
-            # the first sync (about 0.3 s at 5,000 nodes) are done by then, as in steady state.
+            # Timed from the "synced" log line on: the heap freeze that follows the first sync is done by
+            # then, as in steady state.
             if not synced.wait(TIMEOUT_S):
                 raise SystemExit("the extender never logged event=synced")
-            print(f"synced (collection and heap freeze done): {time.monotonic() - spawned:.2f} s")
+            print(f"synced (heap frozen): {time.monotonic() - spawned:.2f} s")
             for verb, rounds in (("filter", args.rounds), ("prioritize", max(args.rounds // 5, 20))):
                 path = f"/gpufleet/{verb}"
                 conn.request("POST", path, body=filter_body)  # warm
