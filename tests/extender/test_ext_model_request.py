@@ -30,6 +30,26 @@ def test_gpus_annotation_keeps_each_gpus_own_memory_model_and_links() -> None:
     assert gpus[1].tokens == {"tesla", "t4"}
 
 
+@pytest.mark.parametrize(
+    ("nvlink", "links"),
+    [
+        ({"GPU-b": 12, "GPU-c": 2}, (("GPU-b", 12), ("GPU-c", 2))),  # the usual object, taken as it is
+        ({"GPU-b": 12, "GPU-c": 0}, (("GPU-b", 12),)),
+        ({"GPU-b": True, "GPU-c": -1, "GPU-d": 4.0, "GPU-e": "4", "GPU-f": None}, (("GPU-b", 1),)),
+        ({}, ()),
+    ],
+)
+def test_nvlink_counts_that_are_not_positive_integers_are_no_link(
+    nvlink: dict[str, object], links: tuple[tuple[str, int], ...]
+) -> None:
+    raw = json.dumps([{"uuid": "GPU-a", "memory_gib": 80, "nvlink": nvlink}])
+    (entry,) = parse_gpus(raw)
+    assert entry.nvlink == links
+    assert all(type(n) is int for _, n in entry.nvlink)
+    (record,) = node_gpus(raw)
+    assert record.nvlink_peers == tuple(p for p, _ in links)
+
+
 def test_fractional_gpu_memory_rounds_down_to_whole_advertised_gib() -> None:
     assert parse_gpus(json.dumps([gpu(0, mem=79.6)]))[0].memory_gib == 79  # type: ignore[arg-type]
 

@@ -98,9 +98,8 @@ def node_gpus(raw: str) -> tuple[Gpu, ...]:
     gpus = []
     for index, uuid, model_name, memory_gib, raw_cc, numa, healthy, links, mig in fields:
         model, tokens, cc = _kind_of(model_name, raw_cc)
-        linked = [uuids.get(p, p) for p, _ in links]
-        linked.sort()
-        peers = tuple(linked)
+        # Each peer as its own GPU's uuid object where the node has it (map: no Python step per peer).
+        peers = tuple(sorted(map(uuids.get, links, links)))
         gpus.append(
             Gpu(index, uuid, model, memory_gib, cc, numa, healthy, (), mig, nvlink_peers=peers, tokens=tokens)
         )
