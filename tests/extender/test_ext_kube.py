@@ -15,7 +15,7 @@ import pytest
 from extender_builders import machine, node, pod
 
 from gpufleet.extender.cluster import ConflictError, InvalidError, NotFoundError, UnavailableError
-from gpufleet.extender.kube import NODE_LIST_ACCEPT, KubeCluster
+from gpufleet.extender.kube import NODE_LIST_ACCEPT, KubeCluster, _Listing
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
 from gpufleet_harness.fakeapi import FakeApiServer, extender_command
@@ -68,6 +68,44 @@ def test_lists_are_read_page_by_page_and_cut_to_what_decisions_read(fake, cluste
     assert {key for n in nodes for key in n} == {"metadata"}
     kept = {key for n in nodes for key in n["metadata"]}
     assert kept <= {"name", "resourceVersion", "labels", "annotations"}, kept
+
+
+def test_next_page_is_fetched_while_the_reader_works_on_the_one_before(fake, cluster) -> None:  # type: ignore[no-untyped-def]
+    for i in range(4):
+        cluster.add_node(node(f"m{i}", machine(f"m{i}", 1)))
+    listing = _Listing(kube_cluster(fake.url, page_size=2), "nodes")
+    names = []
+    for obj in listing:
+        if not names:
+            # Still on the first object of the first page: the second page is asked for all the same.
+            eventually(lambda: any("continue=" in path for path, _ in fake.accepts))
+        names.append(obj["metadata"]["name"])
+    assert sorted(names) == ["m0", "m1", "m2", "m3", "n1", "w1"]
+    assert listing.version == cluster.snapshot()[2]
+
+
+def test_a_list_failing_halfway_reaches_the_reader_and_drops_nothing(fake, cluster, clock) -> None:  # type: ignore[no-untyped-def]
+    for i in range(4):
+        cluster.add_node(node(f"m{i}", machine(f"m{i}", 1)))
+
+    class Failing(KubeCluster):
+        pages = 0
+
+        def _page(self, kind: str, token: str | None) -> tuple[list[dict[str, object]], str | None, str]:
+            self.pages += 1
+            if self.pages == 2:
+                raise UnavailableError("list nodes: connection reset")
+            return super()._page(kind, token)
+
+    failing = Failing(kube_cluster(fake.url).api_client, page_size=2)
+    ext = Extender(Settings(), kube_cluster(fake.url), clock)
+    ext.state.replace_nodes([node("gone", machine("g", 1))])
+    with pytest.raises(UnavailableError, match="connection reset"):
+        ext.state.replace_nodes(_Listing(failing, "nodes"))
+    # The first page is in, and nothing was dropped; the relist that follows completes it.
+    assert len(ext.state.entries()) == 3 and "gone" in ext.state.entries()
+    ext.state.replace_nodes(_Listing(kube_cluster(fake.url, page_size=2), "nodes"))
+    assert sorted(ext.state.entries()) == ["m0", "m1", "m2", "m3", "n1", "w1"]
 
 
 def test_stand_in_lists_each_change_though_it_encodes_an_object_once_per_version(fake, cluster) -> None:  # type: ignore[no-untyped-def]

@@ -5,7 +5,8 @@ pool and keeps the credentials fresh (exec plugins, rotated service-account toke
 through that pool as plain HTTP requests. The generated API classes are not used: the extender makes eight
 kinds of call, and in client 37 the first `CoreV1Api` builds about 250 pydantic models, 0.7 s of CPU before
 the first list. Objects stay plain dicts (the form the scheduler sends), cut to the fields decisions read as
-each list page or watch event arrives (`watchcache.project`), and watch streams are read line by line.
+each list page or watch event arrives (`watchcache.project`), and watch streams are read line by line. A
+list's next page is fetched while the one before is applied (`_Listing`).
 Patches are JSON merge patches; `metadata.resourceVersion` in a patch is the API server's optimistic
 concurrency precondition (409 on mismatch) and `metadata.uid` cannot change (422 on mismatch).
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -246,22 +248,23 @@ class KubeCluster:
         sink.set_watch_error(combined)
 
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        """The whole list of `kind`, cut, and its resourceVersion."""
+        listing = _Listing(self, kind)
+        items = list(listing)
+        return items, listing.version
+
+    def _page(self, kind: str, token: str | None) -> tuple[list[dict[str, Any]], str | None, str]:
+        """One page of the list of `kind`: its objects cut (`watchcache.project`: only what decisions read
+        outlives the page), the continue token (None on the last page) and the resourceVersion."""
+        query: dict[str, Any] = {"limit": self.page_size}
+        if token:
+            query["continue"] = token
         accept = NODE_LIST_ACCEPT if kind == "nodes" else JSON
         fields = NODE_FIELDS if kind == "nodes" else POD_FIELDS
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            query: dict[str, Any] = {"limit": self.page_size}
-            if token:
-                query["continue"] = token
-            doc = self._request(f"list {kind}", "GET", _PATHS[kind], query, accept=accept)
-            # Cut page by page: only what decisions read outlives the page (watchcache.project).
-            items.extend(project(obj, fields) for obj in doc.get("items") or [])
-            meta = doc.get("metadata") or {}
-            del doc
-            token = meta.get("continue")
-            if not token:
-                return items, str(meta.get("resourceVersion") or "")
+        doc = self._request(f"list {kind}", "GET", _PATHS[kind], query, accept=accept)
+        items = [project(obj, fields) for obj in doc.get("items") or []]
+        meta = doc.get("metadata") or {}
+        return items, meta.get("continue") or None, str(meta.get("resourceVersion") or "")
 
     def _watch_kind(self, kind: str, sink: ClusterSink, stop: threading.Event) -> None:
         accept = NODE_WATCH_ACCEPT if kind == "nodes" else JSON
@@ -274,8 +277,10 @@ class KubeCluster:
         while not stop.is_set():
             try:
                 if version is None:
-                    items, version = self._list(kind)
-                    replace(items)
+                    # Pages are applied as they arrive while the next is fetched (`_Listing`).
+                    listing = _Listing(self, kind)
+                    replace(listing)
+                    version = listing.version
                 query = {
                     "watch": "true",
                     "resourceVersion": version,
@@ -335,3 +340,62 @@ def _node_path(name: str) -> str:
 
 def _pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+
+
+class _Listing:
+    """The objects of one paged LIST, cut, in order, for one pass (`ClusterSink.replace_nodes` and
+    `replace_pods` take them as they come); `version` is the list's resourceVersion once they are all in.
+
+    A thread of its own fetches each next page while the reader works on the one before, so a real API
+    server's time per page (reading etcd, encoding) overlaps the extender's parsing rather than adding to
+    it. At most two pages wait. An error fetching a page reaches the reader; a reader that stops early
+    stops the fetching.
+    """
+
+    _DONE = object()
+
+    def __init__(self, source: KubeCluster, kind: str) -> None:
+        self.source = source
+        self.kind = kind
+        self.version = ""
+        self._pages: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._quit = threading.Event()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        fetcher = threading.Thread(target=self._fetch, name=f"list-{self.kind}", daemon=True)
+        fetcher.start()
+        try:
+            while True:
+                page = self._pages.get()
+                if page is self._DONE:
+                    return
+                if isinstance(page, BaseException):
+                    raise page
+                yield from page
+        finally:
+            # Not joined: a fetch under way ends with its request (the client's timeout) and then stops.
+            self._quit.set()
+
+    def _fetch(self) -> None:
+        token: str | None = None
+        try:
+            while True:
+                items, token, version = self.source._page(self.kind, token)
+                if not self._put(items):
+                    return
+                if token is None:
+                    self.version = version
+                    self._put(self._DONE)
+                    return
+        except Exception as exc:
+            self._put(exc)
+
+    def _put(self, item: Any) -> bool:
+        """Hand `item` to the reader; False once the reader has stopped."""
+        while not self._quit.is_set():
+            try:
+                self._pages.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False

@@ -78,13 +78,18 @@ class ClusterState:
     # ------------------------------------------------------------------ sink for cluster sources
 
     def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full node list (initial list or relist): what is absent is gone."""
-        with self.lock:
-            seen = set()
-            for obj in objs:
+        """A full node list (initial list or relist): what is absent is gone.
+
+        `objs` may arrive while they are applied (a paged list, `kube._Listing`): each node is put under the
+        lock on its own, as a watch event would be, and the absent ones go once the list is in. A list that
+        fails halfway leaves newer nodes in and drops nothing; the relist that follows completes it."""
+        seen = set()
+        for obj in objs:
+            with self.lock:
                 name = self._put_node(obj)
-                if name:
-                    seen.add(name)
+            if name:
+                seen.add(name)
+        with self.lock:
             for name in [n for n in self.watch.nodes if n not in seen]:
                 self._drop_node(name)
             self._listed("nodes")
@@ -102,13 +107,15 @@ class ClusterState:
                 self._drop_node(name)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full pod list: rebuild every observed claim from annotations; reservations stay."""
-        with self.lock:
-            seen = set()
-            for obj in objs:
+        """A full pod list: rebuild every observed claim from annotations; reservations stay. Applied as
+        `replace_nodes` applies nodes: pod by pod as they arrive, the absent ones once the list is in."""
+        seen = set()
+        for obj in objs:
+            with self.lock:
                 uid = self._put_pod(obj)
-                if uid:
-                    seen.add(uid)
+            if uid:
+                seen.add(uid)
+        with self.lock:
             for uid in [u for u in self.watch.pods if u not in seen]:
                 self._forget_pod(uid)
             self._listed("pods")
