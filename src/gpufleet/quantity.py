@@ -19,6 +19,7 @@ Pure and stdlib only: the extender (pod requests) and the device plugin both imp
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 from typing import Any
@@ -59,6 +60,18 @@ def parse_quantity(value: Any) -> Fraction:
 
     Raises QuantityTooLarge from MAX_QUANTITY up, QuantityError for anything that is not a quantity.
     """
+    if type(value) is str and len(value) <= MAX_QUANTITY_CHARS:
+        # The usual form: a cluster's pods ask for a handful of distinct quantities, each parsed once.
+        return _parse_short_quantity(value)
+    return _parse_quantity(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_short_quantity(value: str) -> Fraction:
+    return _parse_quantity(value)
+
+
+def _parse_quantity(value: Any) -> Fraction:
     if isinstance(value, bool):
         raise QuantityError(f"quantity {value!r} is not a number")
     if isinstance(value, int):

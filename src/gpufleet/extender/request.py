@@ -46,6 +46,8 @@ class Policy(StrEnum):
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:
     """`value` when it is a JSON object (None counts as empty); RequestError otherwise."""
+    if type(value) is dict:  # what JSON decodes to: no abstract-class check
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
