@@ -256,11 +256,21 @@ class KubeletNode:
 
     def netns_pid(self) -> int:
         """Host PID of a process in the runtime's network namespace (nsenter's child, which became the
-        runtime by exec)."""
+        runtime by exec), once it is in that namespace: the child exists before ``unshare --net`` has made
+        the namespace, and a veth moved to it then would land in this process's namespace instead."""
         daemon = self.runtime_daemon
         if daemon is None:
             raise LabError(f"node {self.name} has no container runtime yet")
-        return wait_for("runtime pid", lambda: _child_pid(daemon.pid), 5)
+        here = os.stat("/proc/self/ns/net").st_ino
+
+        def unshared() -> int | None:
+            pid = _child_pid(daemon.pid)
+            try:
+                return pid if pid is not None and os.stat(f"/proc/{pid}/ns/net").st_ino != here else None
+            except OSError:
+                return None
+
+        return wait_for("runtime network namespace", unshared, 5)
 
     def _add_veth(self) -> None:
         pid = self.netns_pid()
