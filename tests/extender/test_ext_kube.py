@@ -29,6 +29,13 @@ def kube_cluster(url: str, **kwargs: object) -> KubeCluster:
     return KubeCluster(client.ApiClient(configuration), timeout=5.0, **kwargs)  # type: ignore[arg-type]
 
 
+def listed(source: KubeCluster, kind: str) -> tuple[list[dict[str, object]], str]:
+    """The whole list of `kind` as the watch reads it (`_Listing`), and its resourceVersion."""
+    listing = _Listing(source, kind)
+    items = list(listing)
+    return items, listing.version
+
+
 def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -59,7 +66,7 @@ def test_lists_are_read_page_by_page_and_cut_to_what_decisions_read(fake, cluste
     for i in range(4):
         cluster.add_node(node(f"m{i}", machine(f"m{i}", 1)))
     source = kube_cluster(fake.url, page_size=2)
-    nodes, version = source._list("nodes")
+    nodes, version = listed(source, "nodes")
     assert sorted(n["metadata"]["name"] for n in nodes) == ["m0", "m1", "m2", "m3", "n1", "w1"]
     assert version == cluster.snapshot()[2]
     lists = [path for m, path, _, _ in fake.requests if m == "GET"]
@@ -110,20 +117,20 @@ def test_a_list_failing_halfway_reaches_the_reader_and_drops_nothing(fake, clust
 
 def test_stand_in_lists_each_change_though_it_encodes_an_object_once_per_version(fake, cluster) -> None:  # type: ignore[no-untyped-def]
     source = kube_cluster(fake.url)
-    source._list("nodes")
-    source._list("pods")
+    listed(source, "nodes")
+    listed(source, "pods")
     before = fake.encodings[("pods", False)][("default", "p")]
     cluster.update_node("n1", lambda n: n["metadata"]["labels"].update(changed="yes"))
     cluster.set_pod_phase("default", "p", "Succeeded")
-    nodes, _ = source._list("nodes")
-    pods, _ = source._list("pods")
+    nodes, _ = listed(source, "nodes")
+    pods, _ = listed(source, "pods")
     assert next(n for n in nodes if n["metadata"]["name"] == "n1")["metadata"]["labels"]["changed"] == "yes"
     assert [p["status"]["phase"] for p in pods] == ["Succeeded"]
     after = fake.encodings[("pods", False)][("default", "p")]
     assert after[0] == pods[0]["metadata"]["resourceVersion"] != before[0]
     # An unchanged object is not encoded again: the same text object is served.
     w1 = fake.encodings[("nodes", True)][("", "w1")]
-    source._list("nodes")
+    listed(source, "nodes")
     assert fake.encodings[("nodes", True)][("", "w1")][1] is w1[1]
 
 

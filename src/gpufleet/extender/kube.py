@@ -247,12 +247,6 @@ class KubeCluster:
             combined = "; ".join(self._errors[k] for k in sorted(self._errors)) or None
         sink.set_watch_error(combined)
 
-    def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        """The whole list of `kind`, cut, and its resourceVersion."""
-        listing = _Listing(self, kind)
-        items = list(listing)
-        return items, listing.version
-
     def _page(self, kind: str, token: str | None) -> tuple[list[dict[str, Any]], str | None, str]:
         """One page of the list of `kind`: its objects cut (`watchcache.project`: only what decisions read
         outlives the page), the continue token (None on the last page) and the resourceVersion."""
