@@ -78,21 +78,8 @@ class ClusterState:
     # ------------------------------------------------------------------ sink for cluster sources
 
     def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full node list (initial list or relist): what is absent is gone.
-
-        `objs` may arrive while they are applied (a paged list, `kube._Listing`): each node is put under the
-        lock on its own, as a watch event would be, and the absent ones go once the list is in. A list that
-        fails halfway leaves newer nodes in and drops nothing; the relist that follows completes it."""
-        seen = set()
-        for obj in objs:
-            with self.lock:
-                name = self._put_node(obj)
-            if name:
-                seen.add(name)
-        with self.lock:
-            for name in [n for n in self.watch.nodes if n not in seen]:
-                self._drop_node(name)
-            self._listed("nodes")
+        """A full node list (initial list or relist): what is absent is gone (`_replace`)."""
+        self._replace("nodes", objs, self._put_node, self.watch.nodes, self._drop_node)
 
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         """A node was added or changed."""
@@ -107,18 +94,8 @@ class ClusterState:
                 self._drop_node(name)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full pod list: rebuild every observed claim from annotations; reservations stay. Applied as
-        `replace_nodes` applies nodes: pod by pod as they arrive, the absent ones once the list is in."""
-        seen = set()
-        for obj in objs:
-            with self.lock:
-                uid = self._put_pod(obj)
-            if uid:
-                seen.add(uid)
-        with self.lock:
-            for uid in [u for u in self.watch.pods if u not in seen]:
-                self._forget_pod(uid)
-            self._listed("pods")
+        """A full pod list: rebuild every observed claim from annotations; reservations stay (`_replace`)."""
+        self._replace("pods", objs, self._put_pod, self.watch.pods, self._forget_pod)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         """A pod was added or changed."""
@@ -142,6 +119,30 @@ class ClusterState:
         return self.watch.synced
 
     # ------------------------------------------------------------------ internals
+
+    def _replace(
+        self,
+        kind: str,
+        objs: Iterable[Mapping[str, Any]],
+        put: Callable[[Mapping[str, Any]], str | None],
+        known: Mapping[str, Any],
+        drop: Callable[[str], None],
+    ) -> None:
+        """A full list of `kind`; what is absent from it is gone.
+
+        `objs` may arrive while they are applied (a paged list, `kube._Listing`): each is put under the lock
+        on its own, as a watch event would be, and the absent ones go once the list is in. A list that fails
+        halfway leaves newer objects in and drops nothing; the relist that follows completes it."""
+        seen = set()
+        for obj in objs:
+            with self.lock:
+                key = put(obj)
+            if key:
+                seen.add(key)
+        with self.lock:
+            for key in [k for k in known if k not in seen]:
+                drop(key)
+            self._listed(kind)
 
     def _listed(self, kind: str) -> None:
         """A first (or later) full list of `kind` is in; the index is complete before `synced` turns true."""
