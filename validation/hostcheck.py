@@ -7,8 +7,11 @@ simulated ones, where ``sys/module/nvidia`` says whether "the driver is loaded")
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -46,9 +49,24 @@ print(json.dumps(out))
 REMOTE_SWITCH = 2
 
 
+def parse_query(stdout: str, fields: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """The rows of ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``, one mapping per GPU from
+    field name to value. ``fields``: the names queried, for output without a header; None: the first line
+    is nvidia-smi's header ("index, name, memory.total [MiB]"), whose names count without their unit. A line
+    with another number of values than names is left out."""
+    lines = csv.reader(io.StringIO(stdout), skipinitialspace=True)
+    if fields is None:
+        fields = [name.split(" [", 1)[0].strip() for name in next(lines, [])]
+    return [
+        dict(zip(fields, (value.strip() for value in values), strict=True))
+        for values in lines
+        if len(values) == len(fields)
+    ]
+
+
 @dataclass
 class SmiRow:
-    """One line of ``nvidia-smi --query-gpu=index,name,uuid,driver_version,persistence_mode``."""
+    """One GPU of ``nvidia-smi --query-gpu=index,name,uuid,driver_version,persistence_mode``."""
 
     index: str
     name: str
@@ -98,16 +116,11 @@ class Target:
 
     @cached_property
     def smi_query(self) -> tuple[Any, list[SmiRow]]:
-        """(CommandResult, rows) of nvidia-smi's per-GPU query."""
-        fields = "index,name,uuid,driver_version,persistence_mode"
-        result = self.run(f"{self.smi} --query-gpu={fields} --format=csv,noheader,nounits")
-        rows = []
-        if result.rc == 0:
-            for line in result.stdout.splitlines():
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) == 5:
-                    rows.append(SmiRow(*parts))
-        return result, rows
+        """(CommandResult, rows) of nvidia-smi's per-GPU query, read by its header's field names."""
+        fields = ("index", "name", "uuid", "driver_version", "persistence_mode")
+        result = self.run(f"{self.smi} --query-gpu={','.join(fields)} --format=csv,nounits")
+        found = parse_query(result.stdout) if result.rc == 0 else []
+        return result, [SmiRow(**{f: row[f] for f in fields}) for row in found if set(fields) <= set(row)]
 
     @cached_property
     def kernel_release(self) -> str:
