@@ -146,7 +146,8 @@ def test_mig_pod_sees_exactly_one_mig_device(target: Target, cluster: Cluster) -
         profile = resource.rsplit("/", 1)[-1].removeprefix("mig-")
         run = cluster.run_gpu_pod("mig", {resource: "1"}, summary=True, **_on(target))
         _ran(target.name, run, f"a {resource}: 1")
-        assert [p for p, _ in run.mig_devices] == [profile], (
+        # nvidia-smi -L says `1g.18gb+me` where the resource says `mig-1g.18gb.me` (no `+` in resource names).
+        assert [p.replace("+", ".") for p, _ in run.mig_devices] == [profile], (
             f"{target.name}: a pod with {resource}: 1 sees MIG devices {run.mig_devices or 'none'}, "
             f"expected exactly one {profile}"
         )

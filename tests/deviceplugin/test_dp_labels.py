@@ -35,8 +35,10 @@ def test_labels_describe_a_homogeneous_node() -> None:
         "gpufleet.io/gpu.nvswitch": "true",
         "gpufleet.io/driver.version": "535.261.03",
         "gpufleet.io/driver.major": "535",
-        "gpufleet.io/cuda.driver.major": "12",
-        "gpufleet.io/cuda.driver.minor": "2",
+        # The CUDA version the driver supports under GFD's name for it (before: cuda.driver.*, which is the
+        # driver's own version in GFD's set).
+        "gpufleet.io/cuda.runtime-version.major": "12",
+        "gpufleet.io/cuda.runtime-version.minor": "2",
     }
 
 
@@ -110,7 +112,7 @@ class FakeCoreV1:
 
     def read_node(self, name: str) -> Any:
         labels = {"gpufleet.io/gpu.old": "x", "gpufleet.io/gpu-sharing": "memory"}
-        return SimpleNamespace(metadata=SimpleNamespace(labels=labels))
+        return SimpleNamespace(metadata=SimpleNamespace(labels=labels, annotations=None))
 
     def patch_node(self, name: str, body: dict[str, Any]) -> None:
         self.patches.append(body)

@@ -456,6 +456,14 @@ def test_mixed_resource_names_follow_the_resource_domain() -> None:
         ("example.com/gpu", "gpu"),
         ("example.com/mig-1g.10gb", "mig"),
     ]
+    # A profile with media extensions: `+` is not allowed in a resource name; NVIDIA's plugin says `.me`.
+    me = MigDeviceInfo("MIG-b", inv.gpus[0].uuid, 1, 8, 0, "1g.10gb+me", 9728 * MIB)
+    gpu0 = replace(gpu0, mig_devices=(mig, me))
+    specs = cfg.resources(replace(inv, gpus=(gpu0, inv.gpus[1])))
+    assert [(r.name, r.mig_profile) for r in specs][1:] == [
+        ("example.com/mig-1g.10gb", "1g.10gb"),
+        ("example.com/mig-1g.10gb.me", "1g.10gb+me"),
+    ]
     # Strategy none never looks at MIG, whatever the inventory holds.
     assert [r.name for r in configuration.build(environ={}).resources(inv)] == ["nvidia.com/gpu"]
 
@@ -465,10 +473,12 @@ def test_mixed_resource_names_follow_the_resource_domain() -> None:
 LABELS_SCRIPT = """
 import json, sys
 from gpufleet.deviceplugin.rm.nvml_source import NvmlDeviceSource
+from gpufleet.deviceplugin.gfd import gfd_labels
 from gpufleet.deviceplugin.labels import node_labels
 source = NvmlDeviceSource(sys.argv[1])
 inv = source.inventory()
-print(json.dumps({s: node_labels(inv, "nvidia.com", s) for s in ("none", "single", "mixed")}))
+both = lambda s: {**node_labels(inv, "gpufleet.io", s), **gfd_labels(inv, s)}
+print(json.dumps({s: both(s) for s in ("none", "single", "mixed")}))
 source.close()
 """
 
@@ -480,28 +490,41 @@ def discovered_labels(node: Node) -> dict[str, dict[str, str]]:
 def test_labels_mixed_as_gpu_feature_discovery_writes_them(mixed_node: Node) -> None:
     labels = discovered_labels(mixed_node)
     mixed, none = labels["mixed"], labels["none"]
-    assert not any(k.startswith(("nvidia.com/mig.", "nvidia.com/mig-")) for k in none)
-    assert mixed["nvidia.com/mig.strategy"] == "mixed"
-    assert mixed["nvidia.com/gpu.count"] == "8"  # whole GPUs, as without MIG
+    assert not any(k.startswith(("nvidia.com/mig.strategy", "nvidia.com/mig-")) for k in none)
+    assert none["nvidia.com/mig.capable"] == "true"
+    assert mixed["nvidia.com/mig.strategy"] == mixed["gpufleet.io/mig.strategy"] == "mixed"
+    assert mixed["nvidia.com/gpu.count"] == "8"  # whole GPUs, MIG-enabled ones included, as without MIG
     assert mixed["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
-    mig = {k: v for k, v in mixed.items() if k.startswith("nvidia.com/mig-")}
+    assert (mixed["nvidia.com/gpu.replicas"], mixed["nvidia.com/gpu.sharing-strategy"]) == ("1", "none")
+    # GFD's per-profile labels; the attributes beyond memory only where the simulator answers
+    # nvmlDeviceGetAttributes for MIG devices (memory comes from their memory info otherwise).
+    core = ("count", "memory", "product", "replicas", "sharing-strategy")
+    mig = {k: v for k, v in mixed.items() if k.startswith("nvidia.com/mig-") and k.rsplit(".", 1)[-1] in core}
     assert mig == {
         "nvidia.com/mig-1g.10gb.count": "7",
         "nvidia.com/mig-1g.10gb.memory": "9728",
         "nvidia.com/mig-1g.10gb.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",
+        "nvidia.com/mig-1g.10gb.replicas": "1",
+        "nvidia.com/mig-1g.10gb.sharing-strategy": "none",
         "nvidia.com/mig-3g.40gb.count": "2",
         "nvidia.com/mig-3g.40gb.memory": "40192",
         "nvidia.com/mig-3g.40gb.product": "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb",
+        "nvidia.com/mig-3g.40gb.replicas": "1",
+        "nvidia.com/mig-3g.40gb.sharing-strategy": "none",
     }
+    ours = {k.removeprefix("gpufleet.io/"): v for k, v in mixed.items() if k.startswith("gpufleet.io/mig-")}
+    assert ours == {k.removeprefix("nvidia.com/"): v for k, v in mig.items() if k.endswith(core[:3])}
 
 
 def test_labels_single_describe_the_mig_devices(uniform_node: Node) -> None:
     single = discovered_labels(uniform_node)["single"]
-    assert single["nvidia.com/mig.strategy"] == "single"
-    assert single["nvidia.com/gpu.count"] == "56"
-    assert single["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
-    assert single["nvidia.com/gpu.memory"] == "9728"
-    assert not any(k.startswith("nvidia.com/mig-") for k in single)
+    for domain in ("nvidia.com", "gpufleet.io"):
+        assert single[f"{domain}/mig.strategy"] == "single"
+        assert single[f"{domain}/gpu.count"] == "56"
+        assert single[f"{domain}/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+        assert single[f"{domain}/gpu.memory"] == "9728"
+    assert not any(k.startswith(("nvidia.com/mig-", "gpufleet.io/mig-")) for k in single)
+    assert single["nvidia.com/gpu.family"] == "ampere"  # the whole GPUs' architecture labels stay
 
 
 def test_labels_single_fallback_keeps_whole_gpu_labels() -> None:

@@ -11,6 +11,7 @@ from extender_builders import gpu, node, pod
 from gpufleet.extender.model import model_tokens, node_gpus, node_info
 from gpufleet.extender.request import Policy, RequestError, parse_pod, parse_quantity
 from gpufleet.handoff import Assignment, BindLock, ContainerAssignment, parse_cc, parse_gpus
+from gpufleet_harness.realgpu import H200, load_probe
 
 
 def test_gpus_annotation_keeps_each_gpus_own_memory_model_and_links() -> None:
@@ -255,3 +256,14 @@ def test_unknown_request_annotation_values_are_errors(annotations: dict[str, str
 
 def test_pod_without_gpu_request_is_kind_none() -> None:
     assert parse_pod(pod("p")).kind == "none"
+
+
+def test_a_selector_on_the_product_label_of_the_recorded_h200_asks_for_that_gpu() -> None:
+    """The value GFD wrote on the real H200 (and the device plugin writes alike, tests/deviceplugin
+    test_dp_gfd_labels.py), as a nodeSelector, is a wish for the GPU NVML names "NVIDIA H200" there."""
+    recorded = (H200 / "gfd-labels.txt").read_text(encoding="utf-8").splitlines()
+    product = dict(line.split("=", 1) for line in recorded)["nvidia.com/gpu.product"]
+    name = load_probe(H200)["devices"][0]["nvmlDeviceGetName"]["ok"]
+    req = parse_pod(pod("p", mem=[4], node_selector={"nvidia.com/gpu.product": product}))
+    assert req.gpu_qualifies(model_tokens(name), (9, 0))
+    assert not req.gpu_qualifies(model_tokens("NVIDIA H100 80GB HBM3"), (9, 0))

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.deviceplugin import config as configuration
 from gpufleet.deviceplugin import nodeconfig
+from gpufleet.deviceplugin.gfd import Sharing
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
 from gpufleet.deviceplugin.gpumem.resolver import KubernetesPodResolver, PodResolver
 from gpufleet.deviceplugin.labels import NodePublisher
@@ -318,10 +319,21 @@ class App:
             snapshot,
             extra=self.config_labels,
             mig_strategy=lambda: self.cfg.mig_strategy,
+            gfd_mode=lambda: self.cfg.labels_gfd,
+            sharing=lambda: gfd_sharing(self.cfg),
         )
         self.rm.subscribe(publisher.poke)
         publisher.start()
         return publisher
+
+
+def gfd_sharing(cfg: configuration.Config) -> Sharing:
+    """The configuration's sharing as gpu-feature-discovery labels it: time-slicing with its replicas (a
+    renamed resource keeps its product unsuffixed); GPU-memory sharing is not a GFD strategy (`none`)."""
+    if cfg.sharing_mode == "time-slicing":
+        renamed = bool(cfg.sharing_time_slicing_rename)
+        return Sharing("time-slicing", cfg.sharing_time_slicing_replicas, renamed)
+    return Sharing()
 
 
 async def freeze_after_start(app: App) -> None:

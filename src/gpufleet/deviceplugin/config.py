@@ -27,6 +27,9 @@ from ..layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
 from ..logs import log_event
 from ..yamlfile import YamlFileError, read_yaml
 from .api.constants import DEFAULT_SOCKET_DIR
+from .gfd import DOMAIN as GFD_DOMAIN
+from .gfd import MODES as GFD_MODES
+from .gfd import gfd_profile
 from .rm.devices import ResourceKind, ResourceSpec
 from .rm.health import DEFAULT_IGNORED_XIDS
 from .rm.model import NodeInventory
@@ -99,6 +102,7 @@ class Config:
     sharing_memory_mps_container_log_dir: str = "/var/log/nvidia-mps"
     labels_enabled: bool = True
     labels_prefix: str = LABEL_PREFIX
+    labels_gfd: str = "auto"
     http_port: int = 0
     http_address: str = "0.0.0.0"
     log_level: str = "info"
@@ -142,8 +146,9 @@ class Config:
 
 def mig_resource_name(resource_name: str, profile: str) -> str:
     """`nvidia.com/mig-1g.10gb`: the domain of the whole-GPU resource, `mig-` and the profile (with the
-    default resource name, `MIG_RESOURCE_PREFIX` and the profile)."""
-    return f"{resource_name.partition('/')[0]}/mig-{profile}"
+    default resource name, `MIG_RESOURCE_PREFIX` and the profile), spelled as NVIDIA's plugin and GFD do:
+    `1g.18gb+me` → `nvidia.com/mig-1g.18gb.me` (a `+` is not allowed in a resource name)."""
+    return f"{resource_name.partition('/')[0]}/mig-{gfd_profile(profile)}"
 
 
 def _mig_resources(strategy: str, resource_name: str, inventory: NodeInventory) -> list[ResourceSpec]:
@@ -210,6 +215,11 @@ def _label_prefix(v: Any) -> str:
     prefix = as_str(v)
     if len(prefix) > MAX_LABEL_PREFIX or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise ValueError(f"expected a DNS subdomain like gpufleet.io, got {reprlib.repr(v)}")
+    if prefix == GFD_DOMAIN:
+        raise ValueError(
+            f"{GFD_DOMAIN} is gpu-feature-discovery's domain, whose labels the plugin writes with "
+            "labels.gfd; its own labels need a domain of their own, such as gpufleet.io"
+        )
     return prefix
 
 
@@ -295,6 +305,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sharing.memory.mps_container_log_dir", _abs_path, help="MPS log directory in containers"),
     Setting("labels.enabled", as_bool, help="publish node labels and the gpus annotation"),
     Setting("labels.prefix", _label_prefix, help="label domain"),
+    Setting("labels.gfd", choice(*GFD_MODES), help="GFD's nvidia.com labels: auto, on, off"),
     Setting("http.port", int_in(0, 65535), help="port for /metrics and /healthz (0: off)"),
     Setting("http.address", as_str, help="address for /metrics and /healthz"),
     Setting("log.level", choice("debug", "info", "warning", "error")),

@@ -3,7 +3,9 @@
 Labels let pods select GPU models (`nodeSelector: {gpufleet.io/gpu.product: NVIDIA-A100-SXM4-80GB}`);
 the annotation gives the extender each GPU's memory, health and NVLinks (docs/handoff.md).
 On a node with mixed models the product label says `mixed` and memory/compute labels give the smallest
-GPU's values, so a selector never promises more than every GPU of the node has.
+GPU's values, so a selector never promises more than every GPU of the node has. Where a label of ours has
+a name gpu-feature-discovery also uses (after the domain), it has GFD's meaning. GFD's own label set, under
+`nvidia.com/`, comes from `gpufleet.deviceplugin.gfd` and is written beside ours (`labels.gfd`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpufleet.deviceplugin import gfd
 from gpufleet.deviceplugin.rm.health import GpuHealth
 from gpufleet.deviceplugin.rm.model import MIB, NodeInventory
 from gpufleet.handoff import (
@@ -25,9 +28,10 @@ from gpufleet.handoff import (
 )
 from gpufleet.logs import log_event
 
-# The label families the plugin writes under its prefix (`gpu.count`, `driver.major`, `cuda.driver.minor`).
-# Only these are the plugin's to delete: other labels under the same domain belong to the operator or the
-# extender (`gpufleet.io/gpu-sharing`, `gpufleet.io/mps`) and must survive every publish.
+# The label families the plugin writes under its prefix (`gpu.count`, `driver.major`,
+# `cuda.runtime-version.major`, `mig.strategy`, `mig-<profile>.count`). Only these are the plugin's to delete:
+# other labels under the same domain belong to the operator or the extender (`gpufleet.io/gpu-sharing`,
+# `gpufleet.io/mps`) and must survive every publish.
 OWNED_LABEL_FAMILIES = ("gpu.", "driver.", "cuda.", "mig.", "mig-")
 
 
@@ -51,9 +55,9 @@ def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX, mig_strategy: st
     if inv.driver_version:
         labels["driver.version"] = label_value(inv.driver_version)
         labels["driver.major"] = label_value(driver[0])  # NVML's text: never trusted to be a label value
-    if inv.cuda_driver_version:
-        labels["cuda.driver.major"] = str(inv.cuda_driver_version // 1000)
-        labels["cuda.driver.minor"] = str(inv.cuda_driver_version % 1000 // 10)
+    if inv.cuda_driver_version:  # the CUDA version the driver supports: GFD's cuda.runtime-version.*
+        labels["cuda.runtime-version.major"] = str(inv.cuda_driver_version // 1000)
+        labels["cuda.runtime-version.minor"] = str(inv.cuda_driver_version % 1000 // 10)
     labels.update(mig_labels(inv, mig_strategy))
     return {f"{prefix}/{k}": v for k, v in labels.items()}
 
@@ -65,7 +69,7 @@ def mig_labels(inv: NodeInventory, strategy: str) -> dict[str, str]:
     - single, every GPU in MIG mode: the ``gpu.*`` labels describe the MIG devices: ``gpu.count`` is their
       number, ``gpu.product`` the GPU's with ``-MIG-<profile>``, ``gpu.memory`` the MIG device's MiB;
     - mixed: ``gpu.*`` keep describing whole GPUs and each profile gets ``mig-<profile>.count``,
-      ``.memory`` (MiB) and ``.product``.
+      ``.memory`` (MiB) and ``.product``; the profile as GFD spells it (``1g.18gb+me`` → ``1g.18gb.me``).
     """
     if strategy == "none":
         return {}
@@ -74,13 +78,13 @@ def mig_labels(inv: NodeInventory, strategy: str) -> dict[str, str]:
     product = product_label_value([g.model for g in inv.gpus])
     if strategy == "single":
         if migs and all(g.mig_enabled for g in inv.gpus):
-            profiles = sorted({m.profile for m in migs})
+            profiles = sorted({gfd.gfd_profile(m.profile) for m in migs})
             out["gpu.count"] = str(len(migs))
             out[PRODUCT_LABEL_NAME] = label_value(f"{product}-MIG-{'-'.join(profiles)}")
             out["gpu.memory"] = str(min(m.memory_bytes for m in migs) // MIB)
         return out
-    for profile in sorted({m.profile for m in migs}):
-        of = [m for m in migs if m.profile == profile]
+    for profile in sorted({gfd.gfd_profile(m.profile) for m in migs}):
+        of = [m for m in migs if gfd.gfd_profile(m.profile) == profile]
         out[f"mig-{profile}.count"] = str(len(of))
         out[f"mig-{profile}.memory"] = str(min(m.memory_bytes for m in of) // MIB)
         out[f"mig-{profile}.product"] = label_value(f"{product}-MIG-{profile}")
@@ -106,16 +110,29 @@ def gpus_annotation(inv: NodeInventory, health: Mapping[str, GpuHealth]) -> str:
 
 
 def node_patch(
-    labels: Mapping[str, str], annotation: str, previous_labels: Mapping[str, str], prefix: str
+    labels: Mapping[str, str],
+    annotation: str,
+    previous_labels: Mapping[str, str],
+    prefix: str,
+    gfd_labels: Mapping[str, str] | None = None,
+    previous_annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A merge patch setting our labels and annotation and deleting our labels that no longer apply.
 
     "Ours" means the families of :data:`OWNED_LABEL_FAMILIES` under ``prefix``; anything else under the
-    domain (the node's `gpu-sharing` and `mps` switches) is left alone.
+    domain (the node's `gpu-sharing` and `mps` switches) is left alone. With ``gfd_labels`` (None: leave
+    `nvidia.com/` alone), GFD's labels are made exactly those this plugin writes, by
+    :func:`gpufleet.deviceplugin.gfd.gfd_patch`: it deletes only GFD labels it recorded writing itself.
     """
     owned = tuple(f"{prefix}/{family}" for family in OWNED_LABEL_FAMILIES)
     stale = {k: None for k in previous_labels if k.startswith(owned) and k not in labels}
-    return {"metadata": {"labels": {**stale, **labels}, "annotations": {GPUS_ANNOTATION: annotation}}}
+    patch_labels: dict[str, str | None] = {**stale, **labels}
+    annotations: dict[str, str | None] = {GPUS_ANNOTATION: annotation}
+    if gfd_labels is not None:
+        gfd_set, gfd_annotations = gfd.gfd_patch(gfd_labels, previous_labels, previous_annotations or {})
+        patch_labels |= gfd_set
+        annotations |= gfd_annotations
+    return {"metadata": {"labels": patch_labels, "annotations": annotations}}
 
 
 class NodePublisher:
@@ -130,9 +147,14 @@ class NodePublisher:
         retry_s: float = 10.0,
         extra: Callable[[], Mapping[str, str]] | None = None,
         mig_strategy: Callable[[], str] | None = None,
+        gfd_mode: Callable[[], str] | None = None,
+        sharing: Callable[[], gfd.Sharing] | None = None,
     ) -> None:
         self.api = core_v1
         self.mig_strategy = mig_strategy  # the running configuration's mig.strategy
+        self.gfd_mode = gfd_mode  # labels.gfd: auto, on or off (None: off)
+        self.sharing = sharing  # the running configuration's sharing, in GFD's terms
+        self._gfd_elsewhere = ""  # why GFD's labels are left to GFD itself, last seen
         self.extra = extra  # more labels to keep set (the running named configuration and its mode)
         self.node = node
         self.prefix = prefix
@@ -140,7 +162,7 @@ class NodePublisher:
         self.retry_s = retry_s
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._written: tuple[dict[str, str], str] | None = None
+        self._written: tuple[dict[str, str], str, str, dict[str, str]] | None = None
         self._thread = threading.Thread(target=self._run, name="gpufleet-labels", daemon=True)
 
     def start(self) -> None:
@@ -181,9 +203,34 @@ class NodePublisher:
         labels, annotation = node_labels(inv, self.prefix, strategy), gpus_annotation(inv, health)
         if self.extra is not None:
             labels.update(self.extra())
-        if self._written == (labels, annotation):
+        mode = self.gfd_mode() if self.gfd_mode is not None else "off"
+        sharing = self.sharing() if self.sharing is not None else None
+        wanted = gfd.gfd_labels(inv, strategy, sharing) if mode != "off" else {}
+        state = (labels, annotation, mode, wanted)
+        if self._written == state:
             return
-        current = self.api.read_node(self.node).metadata.labels or {}
-        self.api.patch_node(self.node, node_patch(labels, annotation, current, self.prefix))
-        self._written = (labels, annotation)
-        log_event("node_labels_published", node=self.node, labels=len(labels))
+        meta = self.api.read_node(self.node).metadata
+        current, current_annotations = meta.labels or {}, meta.annotations or {}
+        writing = self._gfd_writes(mode, wanted, current, current_annotations)
+        patch = node_patch(labels, annotation, current, self.prefix, writing, current_annotations)
+        self.api.patch_node(self.node, patch)
+        self._written = state
+        log_event("node_labels_published", node=self.node, labels=len(labels), gfd_labels=len(writing))
+
+    def _gfd_writes(
+        self, mode: str, wanted: dict[str, str], labels: Mapping[str, str], annotations: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The GFD labels to write: none with `off`; with `auto`, none while GFD itself labels the node
+        (the plugin's own are handed over: those NFD does not manage go); with `on`, all, with a warning
+        when GFD runs too (two writers of one label: the last write wins until the other's next)."""
+        elsewhere = gfd.gfd_elsewhere(labels, annotations) if mode != "off" else ""
+        if elsewhere != self._gfd_elsewhere:
+            if elsewhere:
+                event = "gfd_labels_handed_over" if mode == "auto" else "gfd_labels_contested"
+                log_event(
+                    event, level="warning" if mode == "on" else "info", node=self.node, reason=elsewhere
+                )
+            else:
+                log_event("gfd_labels_taken_up", node=self.node, mode=mode)
+            self._gfd_elsewhere = elsewhere
+        return {} if elsewhere and mode == "auto" else wanted

@@ -113,6 +113,11 @@ def hypervisor(root: Path) -> tuple[str | None, bool]:
     return ("unknown" if flagged else None), flagged
 
 
+def dmi_product_name(root: Path) -> str | None:
+    """The machine's DMI product name ("DGX H100", "PowerEdge XE9680"); None where the platform has no DMI."""
+    return read_text(host_path(root, "/sys/class/dmi/id/product_name"))
+
+
 def kernel_release(root: Path) -> str:
     """The running kernel's release. A simulated host shares this machine's kernel, hence the fallback."""
     return read_text(host_path(root, "/proc/sys/kernel/osrelease")) or os.uname().release

@@ -105,3 +105,99 @@ def gpus(devices: list[PciDevice]) -> list[PciDevice]:
 def nvswitches(devices: list[PciDevice]) -> list[PciDevice]:
     """The NVSwitches among `devices`."""
     return [dev for dev in devices if dev.is_nvswitch]
+
+
+# ----- vGPU: the vendor-specific capability in the PCI configuration space -------------------------------
+#
+# A GPU handed to a guest as an NVIDIA vGPU carries a vendor-specific PCI capability (id 0x09) whose data
+# starts with the signature "VF"; after it come records (id, length), and the record of id 0 holds the host's
+# vGPU manager version and branch, 10 bytes each, NUL-padded. This is the rule NVIDIA's
+# gpu-feature-discovery v0.20.0 applies (internal/vgpu), read there and written here; verified on no vGPU
+# guest (the real H200 of tests/realgpu is a passthrough GPU, without the capability).
+
+PCI_CONFIG_HEADER = 256  # the conventional configuration space; without CAP_SYS_ADMIN sysfs gives 64 bytes
+_STATUS = 0x06
+_STATUS_CAPABILITIES = 0x10
+_CAPABILITIES_POINTER = 0x34
+_CAP_VENDOR_SPECIFIC = 0x09
+_VGPU_SIGNATURE = b"VF"
+_VGPU_RECORDS = 5  # offset of the first record inside the capability
+_VGPU_FIELD = 10  # bytes of the version and of the branch
+
+
+@dataclass(frozen=True)
+class VgpuCapability:
+    """What a vGPU's PCI capability says about the host (empty strings where it has no version record)."""
+
+    bus_id: str
+    host_driver_version: str = ""
+    host_driver_branch: str = ""
+
+
+def read_config(root: Path, bus_id: str) -> bytes | None:
+    """The device's PCI configuration space as sysfs gives it to this process, or None when unreadable."""
+    try:
+        return host_path(root, f"/sys/bus/pci/devices/{bus_id}/config").read_bytes()
+    except OSError:
+        return None
+
+
+def vendor_capability(config: bytes) -> bytes | None:
+    """The vendor-specific capability (id 0x09) of a configuration space, None when there is none.
+
+    Raises ValueError for a configuration space shorter than its 256-byte header (what an unprivileged
+    reader gets): the capability list may lie beyond what was read.
+    """
+    if len(config) < PCI_CONFIG_HEADER:
+        raise ValueError(f"{len(config)} bytes of PCI configuration space, {PCI_CONFIG_HEADER} needed")
+    if not config[_STATUS] & _STATUS_CAPABILITIES:
+        return None
+    seen: set[int] = set()
+    pos = config[_CAPABILITIES_POINTER] & 0xFC  # the low two bits are reserved (PCI spec)
+    while pos and pos not in seen and pos + 2 < len(config):
+        seen.add(pos)
+        cap_id, following, length = config[pos], config[pos + 1], config[pos + 2]
+        if cap_id == 0xFF:  # a broken chain
+            return None
+        if cap_id == _CAP_VENDOR_SPECIFIC:
+            return config[pos : pos + length]
+        pos = following & 0xFC
+    return None
+
+
+def vgpu_capability(bus_id: str, capability: bytes | None) -> VgpuCapability | None:
+    """The vGPU a vendor capability describes (signature "VF"), with the host's version record if any."""
+    if capability is None or capability[3:5] != _VGPU_SIGNATURE:
+        return None
+    pos = _VGPU_RECORDS
+    while pos + 1 < len(capability) and capability[pos] != 0:
+        step = capability[pos + 1]
+        if step == 0:  # a record of no length would never end
+            return VgpuCapability(bus_id)
+        pos += step
+    end = pos + 2 + 2 * _VGPU_FIELD
+    if pos >= len(capability) or capability[pos] != 0 or end > len(capability):
+        return VgpuCapability(bus_id)
+    version = capability[pos + 2 : pos + 2 + _VGPU_FIELD]
+    branch = capability[pos + 2 + _VGPU_FIELD : end]
+    return VgpuCapability(
+        bus_id,
+        version.strip(b"\0").decode("ascii", "replace"),
+        branch.strip(b"\0").decode("ascii", "replace"),
+    )
+
+
+def vgpus(root: Path, devices: list[PciDevice]) -> list[VgpuCapability] | None:
+    """The vGPUs among `devices` (every NVIDIA function, as `scan` lists them), from their configuration
+    spaces; None when one of them cannot be read in full (an unprivileged process)."""
+    found = []
+    for dev in devices:
+        config = read_config(root, dev.bus_id)
+        try:
+            capability = vendor_capability(config or b"")
+        except ValueError:
+            return None
+        vgpu = vgpu_capability(dev.bus_id, capability)
+        if vgpu is not None:
+            found.append(vgpu)
+    return found

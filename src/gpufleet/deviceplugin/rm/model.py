@@ -33,6 +33,9 @@ class MigDeviceInfo:
     ci: int  # compute-instance id
     profile: str  # e.g. 1g.10gb (1c.3g.40gb for a compute instance smaller than its GPU instance)
     memory_bytes: int
+    # nvmlDeviceGetAttributes of the MIG device under gpu-feature-discovery's names (memory, multiprocessors,
+    # slices.gi, slices.ci, engines.copy/decoder/encoder/jpeg/ofa); empty where NVML did not answer.
+    attributes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,24 @@ class GpuInfo:
     nvlinks: Mapping[str, int] = field(default_factory=dict)
     mig_enabled: bool = False  # MIG mode current (not pending) is enabled
     mig_devices: tuple[MigDeviceInfo, ...] = ()
+    mig_capable: bool = False  # nvmlDeviceGetMigMode answers at all (MIG on or off)
+    pci_class: int = 0  # 24-bit PCI class from sysfs (0x030200 a 3D controller, 0x030000 VGA); 0 unknown
+    virtualization_mode: int | None = None  # nvmlGpuVirtualizationMode (1 passthrough, 2 vGPU guest)
+    clique: str = ""  # "<cluster uuid>.<clique id>" once the GPU is registered on an NVLink fabric
 
     @property
     def memory_gib(self) -> int:
         """Whole GiB of memory: the unit of the GPU-memory resource (rounded down, never promised twice)."""
         return self.memory_bytes // GIB
+
+
+@dataclass(frozen=True)
+class VgpuDevice:
+    """A vGPU this guest sees, and the host's vGPU manager version where the PCI capability carries it."""
+
+    bus_id: str
+    host_driver_version: str = ""
+    host_driver_branch: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,8 @@ class NodeInventory:
     driver_version: str = ""
     cuda_driver_version: int = 0  # NVML's encoding: 12020 means 12.2
     nvswitch_count: int = 0
+    machine: str | None = None  # the DMI product name (/sys/class/dmi/id/product_name); None unreadable
+    vgpu: tuple[VgpuDevice, ...] | None = None  # the node's vGPUs; None where discovery could not tell
 
     def by_uuid(self) -> dict[str, GpuInfo]:
         """Map UUID -> GPU."""

@@ -16,6 +16,7 @@ from gpufleet.deviceplugin.rm.model import (
     Probe,
     SourceUnavailable,
     TopologyLevel,
+    VgpuDevice,
 )
 from gpufleet.logs import log_event
 
@@ -53,9 +54,36 @@ def _instance_monitor(nv: Any, watched: Any) -> Any:
     return InstanceMonitor(nv, watched, wait_slice=1.0)
 
 
+# nvmlDeviceAttributes_t fields of a MIG device under gpu-feature-discovery's label names (NVIDIA's
+# k8s-device-plugin v0.20.0, internal/resource/nvml-mig-device.go).
+MIG_ATTRIBUTES = (
+    ("memory", "memorySizeMB"),
+    ("multiprocessors", "multiprocessorCount"),
+    ("slices.gi", "gpuInstanceSliceCount"),
+    ("slices.ci", "computeInstanceSliceCount"),
+    ("engines.copy", "sharedCopyEngineCount"),
+    ("engines.decoder", "sharedDecoderCount"),
+    ("engines.encoder", "sharedEncoderCount"),
+    ("engines.jpeg", "sharedJpegCount"),
+    ("engines.ofa", "sharedOfaCount"),
+)
+NVML_VIRTUALIZATION_VGPU = 2  # nvmlGpuVirtualizationMode_t: a vGPU in a guest
+_NO_CLUSTER = "00000000-0000-0000-0000-000000000000"
+
+
 def _mig_profile(name: str) -> str:
     """The profile in a MIG device's NVML name: "NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb"."""
     return name.rpartition("MIG ")[2].strip()
+
+
+def _mig_attributes(pynvml: Any, mig: Any, gpu: int, k: int) -> tuple[tuple[str, int], ...]:
+    """A MIG device's nvmlDeviceGetAttributes under gpu-feature-discovery's names; () where NVML refuses."""
+    try:
+        found = pynvml.nvmlDeviceGetAttributes(mig)
+    except pynvml.NVMLError as exc:
+        log_event("mig_attributes_unknown", level="warning", gpu=gpu, mig_index=k, error=str(exc))
+        return ()
+    return tuple((name, int(getattr(found, field))) for name, field in MIG_ATTRIBUTES)
 
 
 class _Events:
@@ -108,7 +136,8 @@ class NvmlDeviceSource:
 
     def inventory(self) -> NodeInventory:
         """Discover through NVML; SourceUnavailable (with NVML's reason) when only sysfs answered."""
-        from gpufleet.gpu import SOURCE_NVML, NvmlError, discover
+        from gpufleet.gpu import SOURCE_NVML, NvmlError, discover, pci, resolve_root
+        from gpufleet.gpu.host import dmi_product_name
 
         facts = discover(self.host_root)
         if facts.source != SOURCE_NVML or facts.topology is None:
@@ -126,10 +155,20 @@ class NvmlDeviceSource:
                 )
         self._index = {g.uuid: g.index for g in usable if g.uuid}
         uuid_of = {g.index: str(g.uuid) for g in usable}
+        root = resolve_root(self.host_root)
+        functions = pci.scan(root)
+        classes = {dev.bus_id: dev.class_code for dev in functions}
         gpus = []
         for g in usable:
             cc = tuple(int(x) for x in (g.compute_capability or "0.0").split(".")[:2])
             peers = facts.topology.nvlink_peers(g.index)
+            fabric = g.fabric
+            attached = (
+                fabric is not None
+                and fabric.state == "completed"
+                and fabric.status == 0
+                and fabric.cluster_uuid != _NO_CLUSTER
+            )
             gpus.append(
                 GpuInfo(
                     index=g.index,
@@ -141,6 +180,10 @@ class NvmlDeviceSource:
                     numa=g.numa_node if g.numa_node is not None and g.numa_node >= 0 else None,
                     bus_id=g.pci_bus_id,
                     nvlinks={uuid_of[i]: n for i, n in peers.items() if i in uuid_of},
+                    mig_capable=g.mig is not None,
+                    pci_class=classes.get(g.pci_bus_id, 0),
+                    virtualization_mode=self._virtualization_mode(nv, g.index),
+                    clique=f"{fabric.cluster_uuid}.{fabric.clique_id}" if fabric and attached else "",
                     **self._mig(nv, g.index, str(g.uuid)),
                 )
             )
@@ -164,7 +207,29 @@ class NvmlDeviceSource:
             driver_version=facts.driver.userspace_version or facts.driver.kernel_module_version or "",
             cuda_driver_version=int(major) * 1000 + int(minor or 0) * 10,
             nvswitch_count=facts.nvswitch_count,
+            machine=dmi_product_name(root),
+            vgpu=self._vgpus(pci.vgpus(root, functions), gpus),
         )
+
+    @staticmethod
+    def _virtualization_mode(nv: Any, index: int) -> int | None:
+        """nvmlDeviceGetVirtualizationMode of GPU `index`; None where NVML cannot say."""
+        from gpufleet.gpu import NvmlError
+
+        try:
+            return nv.optional(f"GPU {index}", nv.nv.nvmlDeviceGetVirtualizationMode, nv.handle(index))
+        except NvmlError:
+            return None
+
+    @staticmethod
+    def _vgpus(found: Sequence[Any] | None, gpus: Sequence[GpuInfo]) -> tuple[VgpuDevice, ...] | None:
+        """The node's vGPUs: from the PCI capabilities where this process can read them in full (they name
+        the host's vGPU manager), else from NVML's virtualization mode; None where neither can tell."""
+        if found is not None:
+            return tuple(VgpuDevice(v.bus_id, v.host_driver_version, v.host_driver_branch) for v in found)
+        if all(g.virtualization_mode is None for g in gpus):
+            return None
+        return tuple(VgpuDevice(g.bus_id) for g in gpus if g.virtualization_mode == NVML_VIRTUALIZATION_VGPU)
 
     @staticmethod
     def _mig(nv: Any, index: int, uuid: str) -> dict[str, Any]:
@@ -206,6 +271,7 @@ class NvmlDeviceSource:
                         ci=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
                         profile=_mig_profile(name_text(name)),
                         memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total),
+                        attributes=_mig_attributes(pynvml, mig, index, k),
                     )
                 )
             except pynvml.NVMLError as exc:
