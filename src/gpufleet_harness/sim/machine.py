@@ -469,6 +469,16 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
         if k not in idle:
             raise FixtureError(f"gpu.idle_clocks_mhz: graphics, sm, memory or video, got {reprlib.repr(k)}")
         idle[k] = _int(v, f"gpu.idle_clocks_mhz.{k}", 0, max_clocks[k])  # never above the maximum
+    # The clocks a GPU offers (nvmlDeviceGetSupported{Memory,Graphics}Clocks): its memory clocks, and for
+    # each the graphics clocks from the maximum down to the idle clock in `graphics_clock_step_mhz` steps
+    # (the recorded H200: 3201 and 2201 MHz memory, 1980 to 345 MHz graphics in 15 MHz steps).
+    mem_doc = _list(model.get("supported_memory_clocks_mhz", [max_clocks["memory"]]),
+                    "gpu.supported_memory_clocks_mhz", 8)
+    step = _int(model.get("graphics_clock_step_mhz", 15), "gpu.graphics_clock_step_mhz", 1, 1000)
+    supported_clocks = {
+        "memory": [_int(v, "gpu.supported_memory_clocks_mhz", 1, max_clocks["memory"]) for v in mem_doc],
+        "graphics": list(range(max_clocks["graphics"], idle["graphics"] - 1, -step))[:256],
+    }
     power_limit_mw = _int(model.get("power_limit_w", 300), "gpu.power_limit_w", 1, 100_000) * 1000
     power_min_mw = _int(model.get("power_min_w", power_limit_mw // 2000), "gpu.power_min_w", 1,
                         power_limit_mw // 1000) * 1000
@@ -568,6 +578,7 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             "performance_state": 0,
             "clocks": idle,
             "max_clocks": max_clocks,
+            "supported_clocks": supported_clocks,
             "supported_events": events,
         })
     topology = [[topology_level(a, b) for b in layout] for a in layout]

@@ -170,6 +170,14 @@ static void load_board(struct nvmlDevice_st *g, const sj_value *j)
     for (k = 0; k < 4; k++) g->remapped[k] = (unsigned)sj_int(sj_at(v, k), 0);
     g->has_energy = (int)sj_int(sj_get(j, "energy"), 0);
     g->clock_event_reasons = (unsigned long long)sj_int(sj_get(j, "clock_event_reasons"), 1);
+    v = sj_get(sj_get(j, "supported_clocks"), "memory");
+    g->nmem_clocks = v && v->type == SJ_ARR ? (unsigned)v->len : 0;
+    if (g->nmem_clocks > 8) g->nmem_clocks = 8;
+    for (k = 0; k < g->nmem_clocks; k++) g->mem_clocks[k] = (unsigned)sj_int(sj_at(v, k), 0);
+    v = sj_get(sj_get(j, "supported_clocks"), "graphics");
+    g->ngfx_clocks = v && v->type == SJ_ARR ? (unsigned)v->len : 0;
+    if (g->ngfx_clocks > 256) g->ngfx_clocks = 256;
+    for (k = 0; k < g->ngfx_clocks; k++) g->gfx_clocks[k] = (unsigned)sj_int(sj_at(v, k), 0);
 }
 
 static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, const sj_value *switches,

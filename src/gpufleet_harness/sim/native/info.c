@@ -263,3 +263,41 @@ nvmlReturn_t DECLDIR nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsign
 {
     return engine_utilization(device, utilization, samplingPeriodUs);
 }
+
+/* ------------------------------------------------------------------------------------ supported clocks */
+
+/* count in: the array's size; out: the clocks there are (INSUFFICIENT_SIZE when the array is too small). */
+static nvmlReturn_t copy_clocks(const unsigned int *have, unsigned int n, unsigned int *count, unsigned int *out)
+{
+    unsigned int k;
+    if (n == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (!out || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (k = 0; k < n; k++) out[k] = have[k];
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count,
+                                                       unsigned int *clocksMHz)
+{
+    ENTER(device);
+    NEED(count);
+    return sim_leave(copy_clocks(device->mem_clocks, device->nmem_clocks, count, clocksMHz));
+}
+
+/* The same graphics clocks at every memory clock (as the recorded H200 lists them); NOT_FOUND for a memory
+ * clock the GPU does not have, as nvml.h documents. */
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, unsigned int memoryClockMHz,
+                                                         unsigned int *count, unsigned int *clocksMHz)
+{
+    unsigned int k;
+    ENTER(device);
+    NEED(count);
+    for (k = 0; k < device->nmem_clocks && device->mem_clocks[k] != memoryClockMHz; k++)
+        ;
+    if (k == device->nmem_clocks) return sim_leave(device->nmem_clocks ? NVML_ERROR_NOT_FOUND : NVML_ERROR_NOT_SUPPORTED);
+    return sim_leave(copy_clocks(device->gfx_clocks, device->ngfx_clocks, count, clocksMHz));
+}

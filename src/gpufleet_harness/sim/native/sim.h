@@ -261,6 +261,8 @@ struct nvmlDevice_st {
     unsigned int c2c_enabled, platform_host_id, addressing_mode, repair[2], remapped[4];
     unsigned long long cc_protected_kib;
     unsigned long long clock_event_reasons;
+    unsigned int nmem_clocks, ngfx_clocks;
+    unsigned int mem_clocks[8], gfx_clocks[256];
 };
 
 typedef struct {
