@@ -79,7 +79,9 @@ def test_topo_matrix_matches_discovery_with_affinity_columns(sim_root: RootFacto
     root = sim_root("dgx-a100")
     proc = smi(root, "topo", "-m")
     assert proc.returncode == 0
-    rows = [line.split("\t") for line in proc.stdout.splitlines()[:9]]
+    # nvidia-smi underlines the header with terminal escapes, even into a pipe (the H200 recording)
+    assert proc.stdout.startswith("\t\x1b[4mGPU0\t") and proc.stdout.splitlines()[0].endswith("\x1b[0m")
+    rows = [re.sub(r"\x1b\[[0-9]*m", "", line).split("\t") for line in proc.stdout.splitlines()[:9]]
     assert rows[0] == ["", *[f"GPU{i}" for i in range(8)], "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
     matrix = facts_in_sim(root)["topology"]["matrix"]
     for i, row in enumerate(rows[1:]):
@@ -87,24 +89,28 @@ def test_topo_matrix_matches_discovery_with_affinity_columns(sim_root: RootFacto
         assert [cell.strip() for cell in row[1:9]] == matrix[i]
         assert row[1 + i] == " X "
         assert row[10] == ("0" if i < 4 else "1")  # NUMA affinity
-        assert re.fullmatch(r"\d+-\d+", row[9])  # CPU affinity from the device's local_cpulist
+        assert row[11:] == ["", "N/A"]  # an empty cell before GPU NUMA ID, as the real one prints
+        assert re.fullmatch(r"\d+-\d+", row[9])  # CPU affinity from NVML, as the device's local_cpulist
     assert "Legend:" in proc.stdout
     assert smi(root, "topo").returncode == 2
 
 
 def test_version_and_summary_say_they_are_simulated(sim_root: RootFactory) -> None:
+    """On stderr: stdout keeps nvidia-smi's layout (tests/sim/test_sim_smi_recorded.py)."""
     root = sim_root("hgx-h100")
     version = smi(root, "--version")
     assert version.returncode == 0
-    assert "gpufleet simulated nvidia-smi" in version.stdout
+    assert "gpufleet simulated nvidia-smi" in version.stderr
     assert "DRIVER version      : 535.261.03" in version.stdout
+    assert "NVML version        : 535.261" in version.stdout
     assert "CUDA Version        : 12.2" in version.stdout
     summary = smi(root)
     assert summary.returncode == 0
-    assert "gpufleet simulated nvidia-smi" in summary.stdout
+    assert "gpufleet simulated nvidia-smi" in summary.stderr and "simulated" not in summary.stdout
+    assert "simulated" not in smi(root, "-L").stderr  # outputs for scripts stay quiet
     assert "Driver Version: 535.261.03" in summary.stdout and "CUDA Version: 12.2" in summary.stdout
     assert summary.stdout.count("NVIDIA H100 80GB HBM3") == 8
-    assert "0MiB / 81559MiB" in summary.stdout or "MiB / 81559MiB" in summary.stdout
+    assert len(re.findall(r"\|\s+0MiB /  81559MiB \|", summary.stdout)) == 8  # right-aligned in its cell
 
 
 def test_driver_not_loaded_exits_9_and_missing_library_12(fresh_root: RootFactory) -> None:
@@ -144,4 +150,4 @@ def test_sim_root_nvidia_smi_finds_its_host_tree_without_environment(sim_root: R
         [str(root / "bin/nvidia-smi"), "topo", "-m"], env=env, capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[1].split("\t") == ["GPU0", " X ", "NODE", "0-63", "0", "N/A"]
+    assert proc.stdout.splitlines()[1].split("\t") == ["GPU0", " X ", "NODE", "0-63", "0", "", "N/A"]

@@ -16,6 +16,7 @@ from gpufleet_harness.sim import machine as simmachine
 
 FIXTURES = [
     "dgx-a100", "hgx-h100", "pcie-2x-t4", "esxi-vm-2x-v100", "esxi-vm-small-mmio", "node-40-gpus",
+    "firecracker-vm-h200", "hgx-h200",
 ]
 
 Roots = Callable[[str], Path]  # fixture name → sim root

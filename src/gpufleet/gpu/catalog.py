@@ -49,6 +49,7 @@ GPU_MODELS: dict[int, GpuModel] = {
     0x2237: GpuModel("NVIDIA A10G", "Ampere", "8.6", 24),
     0x2330: GpuModel("NVIDIA H100 80GB HBM3", "Hopper", "9.0", 80),
     0x2331: GpuModel("NVIDIA H100 PCIe", "Hopper", "9.0", 80),
+    0x2335: GpuModel("NVIDIA H200", "Hopper", "9.0", 141),  # NVML's name on a real H200 (tests/realgpu)
     0x26B5: GpuModel("NVIDIA L40", "Ada", "8.9", 48),
     0x26B9: GpuModel("NVIDIA L40S", "Ada", "8.9", 48),
     0x27B8: GpuModel("NVIDIA L4", "Ada", "8.9", 24),

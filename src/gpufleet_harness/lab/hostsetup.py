@@ -49,6 +49,7 @@ _SMI_SOURCES = (
     "gpufleet_harness/__init__.py",
     "gpufleet_harness/sim/__init__.py",
     "gpufleet_harness/sim/smi.py",
+    "gpufleet_harness/sim/smi_query.py",
     # `nvidia-smi --gpu-reset` (a MIG mode change on an A100) imports these when it runs; with PyYAML,
     # which the MIG role installs where it applies a layout
     "gpufleet/files.py",

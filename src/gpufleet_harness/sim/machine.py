@@ -42,6 +42,22 @@ NVLINK_DEVICE_TYPE_SWITCH = 2
 NVIDIA_VENDOR = 0x10DE
 MIB = 1 << 20
 
+# Every fixture names the GPU model by these fields (what NVML reports as the device's identity); a fixture
+# without one is refused with the field named.
+IDENTITY_FIELDS = ("name", "pci_device_id", "pci_subsystem", "architecture", "cuda_cc", "board_part_number",
+                   "vbios_version")
+# A GPU group's `identity:` (one GPU's recorded identity) needs these; the rest it may give are optional.
+GPU_IDENTITY_REQUIRED = ("uuid", "serial")
+GPU_IDENTITY_OPTIONAL = ("pdi", "module_id", "board_id", "irq")
+_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_SERIAL = re.compile(r"[0-9]{1,30}")
+
+# PCIe link speed per generation in Mbps per lane (nvmlDeviceGetPcieSpeed; NVML_PCIE_LINK_MAX_SPEED_* is the
+# generation's position in this list, 1-based).
+PCIE_SPEED_MBPS = {1: 2500, 2: 5000, 3: 8000, 4: 16000, 5: 32000, 6: 64000}
+# nvmlClocksEventReasonGpuIdle: an idle GPU's only clock-event reason.
+CLOCK_EVENT_IDLE = 0x1
+
 DEFAULT_DRIVER = "535.261.03"
 DEFAULT_CUDA = 12020  # CUDA 12.2, what a 535 driver reports
 DEFAULT_KERNEL = "6.1.0-31-amd64"  # Debian 12's kernel, which the 535 packages are built for
@@ -50,6 +66,8 @@ DEFAULT_KERNEL = "6.1.0-31-amd64"  # Debian 12's kernel, which the 535 packages 
 # dynamic majors on real hosts, these are typical values.
 NVIDIA_MAJOR, UVM_MAJOR, NVSWITCH_MAJOR = 195, 510, 509
 NVIDIA_CAPS_MAJOR = 508  # nvidia-caps: dynamic too (/proc/devices names it)
+# The dynamic ones a fixture may set (`host.device_majors`), as a recorded host had them.
+DEVICE_MAJORS = {"nvidia-uvm": UVM_MAJOR, "nvidia-nvswitch": NVSWITCH_MAJOR, "nvidia-caps": NVIDIA_CAPS_MAJOR}
 # The driver's MIG capability table has a fixed shape: `config 1`, `monitor 2`, then for GPU minors 0-31,
 # GPU instances 0-14: `gpuG/giI/access` followed by `gpuG/giI/ciC/access` for compute instances 0-7, minors
 # counting up from 3 (the MIG user guide's sample ends at `gpu31/gi14/ci7/access 4322`).
@@ -71,6 +89,7 @@ def mig_minors() -> list[tuple[str, int]]:
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DRIVER_BUILD_DATE = "Wed Jul 16 03:47:41 UTC 2025"
+DEFAULT_GCC = "gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) "
 
 
 # Limits on what a fixture may describe: beyond them it is garbage, and expanding it would cost without bound.
@@ -197,16 +216,49 @@ def _layout(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
             first = _int(g["first_bus"], f"gpus[{n}].first_bus", 0, 255)
             step = _int(g.get("bus_step", 1), f"gpus[{n}].bus_step", 1, 255)
             buses = [first + k * step for k in range(_int(g["count"], f"gpus[{n}].count", 0, MAX_GPUS))]
+        identity = _group_identity(g.get("identity"), n, len(buses))
         for b in buses:
             out.append({"bus": _int(b, f"gpus[{n}] bus", 0, 255),
+                        "device": _int(g.get("device", 0), f"gpus[{n}].device", 0, 31),
+                        "identity": identity,
                         "domain": _int(g.get("domain", 0), f"gpus[{n}].domain", 0, 0xFFFF),
                         "numa": _int(g.get("numa", 0), f"gpus[{n}].numa", -1, MAX_NUMA_NODES - 1),
                         "host_bridge": _switch(g.get("host_bridge"), f"gpus[{n}].host_bridge"),
                         "pcie_switch": _switch(g.get("pcie_switch"), f"gpus[{n}].pcie_switch")})
     if len(out) > MAX_GPUS:
         raise FixtureError(f"{len(out)} GPUs; a fixture describes at most {MAX_GPUS}")
-    if len({(slot["domain"], slot["bus"]) for slot in out}) != len(out):
+    if len({(slot["domain"], slot["bus"], slot["device"]) for slot in out}) != len(out):
         raise FixtureError("two GPUs share a PCI bus")
+    return out
+
+
+def _group_identity(value: Any, n: int, count: int) -> dict[str, Any] | None:
+    """A group's `identity:`: one recorded GPU's uuid and serial, optionally pdi, module_id, board_id, irq."""
+    if value is None:
+        return None
+    what = f"gpus[{n}].identity"
+    ident = _mapping(value, what)
+    if count != 1:
+        raise FixtureError(f"{what} describes one GPU; the group has {count}")
+    unknown = sorted(set(ident) - set(GPU_IDENTITY_REQUIRED) - set(GPU_IDENTITY_OPTIONAL))
+    if unknown:
+        raise FixtureError(f"{what}: unknown field(s) {', '.join(map(str, unknown))}; known: "
+                           f"{', '.join(GPU_IDENTITY_REQUIRED + GPU_IDENTITY_OPTIONAL)}")
+    for key in GPU_IDENTITY_REQUIRED:
+        if key not in ident:
+            raise FixtureError(f"{what}.{key} is missing: a recorded GPU's identity needs "
+                               f"{' and '.join(GPU_IDENTITY_REQUIRED)}")
+    uuid, serial = _text(ident["uuid"], f"{what}.uuid"), _text(ident["serial"], f"{what}.serial")
+    if not _UUID.fullmatch(uuid):
+        raise FixtureError(f"{what}.uuid must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case "
+                           f"hex), got {reprlib.repr(uuid)}")
+    if not _SERIAL.fullmatch(serial):
+        raise FixtureError(f"{what}.serial must be digits, got {reprlib.repr(serial)}")
+    out: dict[str, Any] = {"uuid": uuid, "serial": serial}
+    limits = {"pdi": (0, 2**63 - 1), "module_id": (0, 255), "board_id": (0, 2**32 - 1), "irq": (0, 2**32 - 1)}
+    for key, (lo, hi) in limits.items():
+        if key in ident:
+            out[key] = _int(ident[key], f"{what}.{key}", lo, hi)
     return out
 
 
@@ -234,6 +286,26 @@ def _numa_cpus(cpus: int, nodes: int) -> list[list[int]]:
     return [[n * per, (n + 1) * per - 1] for n in range(nodes)]
 
 
+def module_banner(host: dict[str, Any], kmod: str) -> str:
+    """The kernel module's banner, "NVIDIA UNIX x86_64 Kernel Module  <version>  <date>" (the proprietary
+    module), or the fixture's `host.kernel_module_banner` as a host recorded it (the open module says
+    "NVIDIA UNIX Open Kernel Module for x86_64  <version>  Release Build  (<builder>)  ")."""
+    banner = host.get("kernel_module_banner")
+    if banner is None:
+        return f"NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}"
+    text = _text(banner, "host.kernel_module_banner")
+    if kmod not in text or "\n" in text:
+        raise FixtureError(f"host.kernel_module_banner must be one line naming the module version {kmod}, "
+                           f"got {reprlib.repr(text)}")
+    return text
+
+
+def proc_version(host: dict[str, Any], kmod: str) -> str:
+    """/proc/driver/nvidia/version: the module's banner and the compiler that built it."""
+    gcc = _text(host.get("kernel_module_gcc", DEFAULT_GCC), "host.kernel_module_gcc")
+    return f"NVRM version: {module_banner(host, kmod)}\nGCC version:  {gcc}\n"
+
+
 def kernel_log(host: dict[str, Any], kmod: str) -> list[str]:
     """The kernel messages of the simulated boot: the kernel's banner, the driver's when it loaded, and the
     fixture's `host.kernel_log` lines (verbatim; a message may hold newlines, as one printk can)."""
@@ -241,7 +313,7 @@ def kernel_log(host: dict[str, Any], kmod: str) -> list[str]:
     lines = [f"Linux version {release} (simulated by gpufleet)"]
     if bool(host.get("driver_loaded", True)):
         # nv.c's "NVRM: loading %s" with the module's banner, as /proc/driver/nvidia/version shows it.
-        lines.append(f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}")
+        lines.append(f"NVRM: loading {module_banner(host, kmod)}")
     extra = _list(host.get("kernel_log") or [], "host.kernel_log", MAX_KERNEL_LOG_LINES)
     lines += [_text(line, "host.kernel_log line").rstrip("\n") for line in extra]
     return lines
@@ -285,6 +357,17 @@ MIG_PROFILES: dict[str, list[_MigRow]] = {
         (3, 5, "4g.40gb", 4, 4, 1, 64, 4, 4, 0, 4, 0, 40448, (0,)),
         (4, 0, "7g.80gb", 7, 8, 1, 132, 8, 7, 0, 7, 1, 81152, (0,)),
     ],
+    # Recorded: `nvidia-smi mig -lgip` / `-lgipp` and NVML's profile infos of a real H200 with MIG off
+    # (tests/realgpu/h200-580.159.04/smi-mig-lgip.txt, smi-mig-lgipp.txt, nvml-probe.json).
+    "h200-141gb": [
+        (0, 19, "1g.18gb", 1, 1, 7, 16, 1, 1, 0, 1, 0, 16384, (0, 1, 2, 3, 4, 5, 6)),
+        (7, 20, "1g.18gb+me", 1, 1, 1, 16, 1, 1, 0, 1, 1, 16384, (0, 1, 2, 3, 4, 5, 6)),
+        (9, 15, "1g.35gb", 1, 2, 4, 26, 1, 1, 0, 1, 0, 33280, (0, 2, 4, 6)),
+        (1, 14, "2g.35gb", 2, 2, 3, 32, 2, 2, 0, 2, 0, 33280, (0, 2, 4)),
+        (2, 9, "3g.71gb", 3, 4, 2, 60, 3, 3, 0, 3, 0, 71424, (0, 4)),
+        (3, 5, "4g.71gb", 4, 4, 1, 64, 4, 4, 0, 4, 0, 71424, (0,)),
+        (4, 0, "7g.141gb", 7, 8, 1, 132, 8, 7, 0, 7, 1, 143360, (0,)),
+    ],
 }
 _MIG_KEYS = ("profile", "id", "name", "slices", "size", "instances", "sm", "ce", "dec", "enc", "jpeg", "ofa",
              "memory_mib", "placements")
@@ -298,9 +381,52 @@ def mig_profiles(table: str) -> list[dict[str, Any]]:
     return [dict(zip(_MIG_KEYS, (*row[:-1], list(row[-1])), strict=True)) for row in MIG_PROFILES[table]]
 
 
+def _model(fx: dict[str, Any], name: str) -> dict[str, Any]:
+    """The fixture's `gpu` mapping; `like: OTHER` starts from bundled fixture OTHER's `gpu` (keys given here
+    win). Every IDENTITY_FIELDS key must be there in the end, and the memory size (memory_mib or _bytes)."""
+    model = dict(_mapping(fx["gpu"], "gpu"))
+    like = model.pop("like", None)
+    if like is not None:
+        other = _text(like, "gpu.like")
+        if other == name or not (FIXTURE_DIR / f"{other}.yaml").is_file():
+            raise FixtureError(f"gpu.like must name another bundled fixture ({', '.join(fixture_names())}), "
+                               f"got {reprlib.repr(other)}")
+        base = _mapping(load_fixture(other)[1]["gpu"], f"{other}: gpu")
+        if "like" in base:
+            raise FixtureError(f"gpu.like: {other} itself uses `like`; name the fixture it copies")
+        model = {**base, **model}
+    for key in IDENTITY_FIELDS:
+        if key not in model:
+            raise FixtureError(f"gpu.{key} is missing: every fixture names the GPU's identity "
+                               f"({', '.join(IDENTITY_FIELDS)} and memory_mib or memory_bytes)")
+    if "memory_mib" not in model and "memory_bytes" not in model:
+        raise FixtureError("gpu.memory_mib (or gpu.memory_bytes) is missing: the GPU's memory size is part "
+                           "of its identity")
+    return model
+
+
+def _memory(model: dict[str, Any]) -> tuple[int, int]:
+    """(total, reserved) bytes: `memory_bytes`/`reserved_bytes` as recorded, else `memory_mib`/`reserved_mib`
+    in MiB."""
+    if "memory_bytes" in model:
+        total = _int(model["memory_bytes"], "gpu.memory_bytes", MIB, 1 << 44)
+    else:
+        total = _int(model["memory_mib"], "gpu.memory_mib", 1, 1 << 24) * MIB
+    if "reserved_bytes" in model:
+        reserved = _int(model["reserved_bytes"], "gpu.reserved_bytes", 0, total)
+    else:
+        reserved = _int(model.get("reserved_mib", 0), "gpu.reserved_mib", 0, total // MIB) * MIB
+    return total, reserved
+
+
+def _since(arch: int, first: str, value: Any) -> Any:
+    """`value` on architectures from `first` on, else None (the getter answers NOT_SUPPORTED)."""
+    return value if arch >= ARCHITECTURES[first] else None
+
+
 def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     host = dict(_mapping(fx.get("host") or {}, "host"))
-    model = _mapping(fx["gpu"], "gpu")
+    model = _model(fx, name)
     driver = _text(host.get("driver_version", DEFAULT_DRIVER), "host.driver_version")
     kmod = _text(host.get("kernel_module_version") or driver, "host.kernel_module_version")
     layout = _layout(fx["gpus"])
@@ -315,7 +441,11 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
         raise FixtureError("nvswitch.links_per_switch must have one entry per switch bus")
     fabric = fx.get("fabric")
     fabric = None if fabric is None else _mapping(fabric, "fabric")
-    arch = ARCHITECTURES[_text(model["architecture"], "gpu.architecture").lower()]
+    arch_name = _text(model["architecture"], "gpu.architecture").lower()
+    if arch_name not in ARCHITECTURES:
+        raise FixtureError(f"gpu.architecture must be one of {', '.join(ARCHITECTURES)}, "
+                           f"got {reprlib.repr(arch_name)}")
+    arch = ARCHITECTURES[arch_name]
     brand = BRANDS[_text(model.get("brand", "nvidia"), "gpu.brand").lower()]
     ecc = bool(model.get("ecc", True))
     mig = bool(model.get("mig_capable", False))
@@ -324,15 +454,46 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     mig_reset = arch < ARCHITECTURES["hopper"]
     events = EVENT_PSTATE | EVENT_XID | EVENT_CLOCK | (EVENT_SBE | EVENT_DBE if ecc else 0) | (
         EVENT_MIG if mig else 0)
+    if "supported_events" in model:  # the recorded mask (nvmlDeviceGetSupportedEventTypes)
+        events = _int(model["supported_events"], "gpu.supported_events", 0, 2**63 - 1)
     sub_vendor, sub_device = (_int(v, "gpu.pci_subsystem", 0, 0xFFFF) for v in model["pci_subsystem"])
     device_id = _int(model["pci_device_id"], "gpu.pci_device_id", 0, 0xFFFF)
     cuda_cc = [_int(v, "gpu.cuda_cc", 0, 99) for v in _list(model["cuda_cc"], "gpu.cuda_cc", 2)]
     clocks_mhz = _mapping(model.get("clocks_mhz") or {}, "gpu.clocks_mhz")
     clocks = {k: _int(v, f"gpu.clocks_mhz.{k}", 0, 100_000) for k, v in clocks_mhz.items()}
+    max_clocks = {k: clocks.get(k, 1000) for k in ("graphics", "sm", "memory", "video")}
+    idle_doc = _mapping(model.get("idle_clocks_mhz") or {}, "gpu.idle_clocks_mhz")
+    idle = {"graphics": 210, "sm": 210, "memory": max_clocks["memory"],
+            "video": min(555, max_clocks["video"])}
+    for k, v in idle_doc.items():
+        if k not in idle:
+            raise FixtureError(f"gpu.idle_clocks_mhz: graphics, sm, memory or video, got {reprlib.repr(k)}")
+        idle[k] = _int(v, f"gpu.idle_clocks_mhz.{k}", 0, max_clocks[k])  # never above the maximum
+    # The clocks a GPU offers (nvmlDeviceGetSupported{Memory,Graphics}Clocks): its memory clocks, and for
+    # each the graphics clocks from the maximum down to the idle clock in `graphics_clock_step_mhz` steps
+    # (the recorded H200: 3201 and 2201 MHz memory, 1980 to 345 MHz graphics in 15 MHz steps).
+    mem_doc = _list(model.get("supported_memory_clocks_mhz", [max_clocks["memory"]]),
+                    "gpu.supported_memory_clocks_mhz", 8)
+    step = _int(model.get("graphics_clock_step_mhz", 15), "gpu.graphics_clock_step_mhz", 1, 1000)
+    supported_clocks = {
+        "memory": [_int(v, "gpu.supported_memory_clocks_mhz", 1, max_clocks["memory"]) for v in mem_doc],
+        "graphics": list(range(max_clocks["graphics"], idle["graphics"] - 1, -step))[:256],
+    }
     power_limit_mw = _int(model.get("power_limit_w", 300), "gpu.power_limit_w", 1, 100_000) * 1000
-    memory_mib = _int(model["memory_mib"], "gpu.memory_mib", 1, 1 << 24)
-    total = memory_mib * MIB
-    reserved = _int(model.get("reserved_mib", 0), "gpu.reserved_mib", 0, memory_mib) * MIB
+    power_min_mw = _int(model.get("power_min_w", power_limit_mw // 2000), "gpu.power_min_w", 1,
+                        power_limit_mw // 1000) * 1000
+    idle_power_mw = model.get("idle_power_mw")
+    if idle_power_mw is not None:
+        idle_power_mw = _int(idle_power_mw, "gpu.idle_power_mw", 1, power_limit_mw)
+    idle_temp = _int(model.get("idle_temperature_c", 30), "gpu.idle_temperature_c", 0, 120)
+    total, reserved = _memory(model)
+    bar1_mib = model.get("bar1_mib", 256 if arch < ARCHITECTURES["ampere"] else 131072)
+    bar1_total = _int(bar1_mib, "gpu.bar1_mib", 1, 1 << 24) * MIB
+    bar1_used = _int(model.get("bar1_used_bytes", 2 * MIB), "gpu.bar1_used_bytes", 0, bar1_total)
+    max_gen = _int(model.get("pcie_generation", 5 if arch >= ARCHITECTURES["hopper"] else
+                             4 if arch >= ARCHITECTURES["ampere"] else 3), "gpu.pcie_generation", 1, 6)
+    width = _int(model.get("pcie_width", 16), "gpu.pcie_width", 1, 32)
+    gsp = bool(model.get("gsp_firmware", arch >= ARCHITECTURES["hopper"]))
     dmi_doc = _mapping(host.get("dmi") or {}, "host.dmi")
     dmi = {_text(k, "host.dmi key"): _text(v, f"host.dmi.{k}") for k, v in dmi_doc.items()}
     for key in dmi:
@@ -340,26 +501,35 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             raise FixtureError(f"host.dmi keys are sysfs file names like sys_vendor, got {reprlib.repr(key)}")
     clique = None if fabric is None else _int(fabric["clique_id"], "fabric.clique_id", 0, 2**31 - 1)
     fabric_uuid = _uuid_text(_digest(name, "fabric"))
+    if fabric is not None:
+        gpu_fabric: dict[str, Any] | None = {"cluster_uuid": fabric_uuid, "clique_id": clique}
+    else:
+        # Hopper and later answer the fabric query on every board: without an NVSwitch fabric the state is
+        # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED (as the H200 recording shows); older GPUs lack the call.
+        gpu_fabric = _since(arch, "hopper", {})
 
     gpus: list[dict[str, Any]] = []
     for i, slot in enumerate(layout):
         nvlinks = []
         for s, n in enumerate(links_per_switch):
             nvlinks += [{"remote_bus_id": sw_ids[s], "remote_device_type": NVLINK_DEVICE_TYPE_SWITCH}] * n
+        ident = slot["identity"] or {}
+        pdi_default = int.from_bytes(_digest(name, "pdi", i)[:8], "big") >> 1  # 63 bits: a JSON integer
         gpus.append({
             "index": i,
             "minor": i,
-            "uuid": gpu_uuid(name, i),
-            "serial": gpu_serial(name, i),
+            "uuid": ident.get("uuid", gpu_uuid(name, i)),
+            "serial": ident.get("serial", gpu_serial(name, i)),
             "name": _text(model["name"], "gpu.name"),
             "brand": brand,
             "architecture": arch,
             "cuda_cc": cuda_cc,
-            "bus_id": bus_id(slot["domain"], slot["bus"]),
-            "pci": {"domain": slot["domain"], "bus": slot["bus"], "device": 0,
+            "bus_id": bus_id(slot["domain"], slot["bus"], slot["device"]),
+            "pci": {"domain": slot["domain"], "bus": slot["bus"], "device": slot["device"],
                     "device_id": (device_id << 16) | NVIDIA_VENDOR,
                     "subsystem_id": (sub_device << 16) | sub_vendor},
             "memory": {"total": total, "reserved": reserved, "used": 0},
+            "bar1": {"total": bar1_total, "used": bar1_used},
             "numa_node": slot["numa"],
             # The GPU's *own* memory NUMA node (coherent platforms such as Grace Hopper). None on x86
             # PCIe/SXM boxes, where real NVML answers nvmlDeviceGetNumaNodeId with NOT_SUPPORTED.
@@ -369,18 +539,46 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             "mig": {"reset_required": mig_reset, "profiles": profiles} if mig else None,
             "ecc": ecc,
             "nvlinks": nvlinks,
-            "fabric": {"cluster_uuid": fabric_uuid, "clique_id": clique} if fabric else None,
-            "board_part_number": _text(model.get("board_part_number", ""), "gpu.board_part_number"),
-            "vbios_version": _text(model.get("vbios_version", ""), "gpu.vbios_version"),
+            "fabric": gpu_fabric,
+            "board_part_number": _text(model["board_part_number"], "gpu.board_part_number"),
+            "gpu_part_number": _text(model.get("gpu_part_number", ""), "gpu.gpu_part_number"),
+            "vbios_version": _text(model["vbios_version"], "gpu.vbios_version"),
             "inforom_image_version": _text(model.get("inforom_image_version", "G500.0200.00.03"),
                                            "gpu.inforom_image_version"),
+            "inforom_ecc_version": _text(model.get("inforom_ecc_version", "6.16"), "gpu.inforom_ecc_version"),
+            # Board id: the same for GPUs behind one PLX; real boards show bus << 8 | device (0x6 at 00:06.0).
+            "board_id": ident.get("board_id", slot["bus"] << 8 | slot["device"]),
+            "module_id": ident.get("module_id", i + 1),
+            "irq": ident.get("irq", 80 + 8 * i),
+            "pdi": ident.get("pdi", pdi_default),
+            "memory_bus_width": _int(model["memory_bus_width"], "gpu.memory_bus_width", 1, 1 << 16)
+            if "memory_bus_width" in model else None,
+            "cuda_cores": _int(model["cuda_cores"], "gpu.cuda_cores", 1, 1 << 20) if "cuda_cores" in model
+            else None,
+            "fans": _int(model.get("fans", 0), "gpu.fans", 0, 16),
+            "display_mode": 1 if model.get("display_mode", False) else 0,
+            "gsp_firmware": gsp,
+            "pcie": {"max_generation": max_gen, "generation": max_gen, "max_width": width, "width": width,
+                     "speed_mbps": PCIE_SPEED_MBPS[max_gen], "tx_kbps": 700 + 50 * (i % 5),
+                     "rx_kbps": 500 + 30 * (i % 5)},
+            # Getters that older generations lack (per nvml.h's "For <arch> or newer"): null → NOT_SUPPORTED.
+            "c2c_enabled": _since(arch, "hopper", 0),
+            "conf_compute": _since(arch, "ampere", {"protected_kib": 0}),
+            "platform_info": _since(arch, "hopper", {"host_id": 1}),
+            "addressing_mode": _since(arch, "turing", 0),
+            "repair_status": _since(arch, "ampere", [0, 0]),
+            "remapped_rows": _since(arch, "ampere", [0, 0, 0, 0]),
+            "energy": _since(arch, "volta", True),
+            "clock_event_reasons": CLOCK_EVENT_IDLE,
             "power_limit_mw": power_limit_mw,
-            "power_usage_mw": power_limit_mw * 15 // 100 + 1000 * (i % 7),
-            "temperature_c": 30 + i % 6,
+            "power_min_mw": power_min_mw,
+            "power_usage_mw": (idle_power_mw if idle_power_mw is not None else power_limit_mw * 15 // 100)
+            + 1000 * (i % 7),
+            "temperature_c": idle_temp + i % 6,
             "performance_state": 0,
-            "clocks": {"graphics": 210, "sm": 210, "memory": clocks.get("memory", 1000),
-                       "video": min(555, clocks.get("video", 555))},
-            "max_clocks": {k: clocks.get(k, 1000) for k in ("graphics", "sm", "memory", "video")},
+            "clocks": idle,
+            "max_clocks": max_clocks,
+            "supported_clocks": supported_clocks,
             "supported_events": events,
         })
     topology = [[topology_level(a, b) for b in layout] for a in layout]
@@ -394,15 +592,23 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     fabricmanager = host.get("fabricmanager", "running" if sw_buses else None)
     if fabricmanager not in (None, "running", "stopped"):  # a line of the control file: never free text
         raise FixtureError(f"host.fabricmanager: running or stopped, got {reprlib.repr(fabricmanager)}")
+    cuda = _int(host.get("cuda_driver_version", DEFAULT_CUDA), "host.cuda_driver_version", 1000, 99_999)
+    branch = host.get("driver_branch")
+    majors = _mapping(host.get("device_majors") or {}, "host.device_majors")
+    unknown = sorted(set(majors) - set(DEVICE_MAJORS))
+    if unknown:
+        raise FixtureError(f"host.device_majors: {', '.join(map(str, unknown))} unknown; known: "
+                           f"{', '.join(DEVICE_MAJORS)}")
     return {
         "schema": SCHEMA,
         "name": name,
         "description": _text(fx.get("description", ""), "description"),
         "driver_version": driver,
         "kernel_module_version": kmod,
-        "nvml_version": f"12.{driver}",
-        "cuda_driver_version": _int(host.get("cuda_driver_version", DEFAULT_CUDA), "host.cuda_driver_version",
-                                    1000, 99_999),
+        # NVML's version is the CUDA major before the driver's (12.535.261.03, 13.580.159.04).
+        "nvml_version": f"{cuda // 1000}.{driver}",
+        "cuda_driver_version": cuda,
+        "driver_branch": None if branch is None else _text(branch, "host.driver_branch"),
         "fabricmanager_required": bool(sw_buses),
         "host": {
             "kernel_release": _text(host.get("kernel_release", DEFAULT_KERNEL), "host.kernel_release"),
@@ -415,6 +621,10 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             "numa_nodes": nodes,
             "fabricmanager": fabricmanager,
             "kernel_log": kernel_log(host, kmod),
+            "proc_version": proc_version(host, kmod),
+            "device_majors": {k: _int(majors.get(k, v), f"host.device_majors.{k}", 1, 4095)
+                              for k, v in DEVICE_MAJORS.items()},
+            "modeset": bool(host.get("modeset", True)),
         },
         "numa_cpus": _numa_cpus(cpus, nodes),
         "gpus": gpus,
@@ -477,16 +687,10 @@ def set_driver_files(root: Path, machine: dict[str, Any], loaded: bool) -> None:
         return
     kmod = machine["kernel_module_version"]
     _write(module / "version", kmod + "\n")
-    _write(proc / "version",
-           f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {kmod}  {DRIVER_BUILD_DATE}\n"
-           "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n")
+    host = machine["host"]
+    _write(proc / "version", host.get("proc_version") or proc_version({}, kmod))
     for g in machine["gpus"]:
-        _write(proc / "gpus" / sysfs_name(g["bus_id"]) / "information",
-               f"Model: \t\t {g['name']}\nIRQ:   \t\t 0\nGPU UUID: \t {g['uuid']}\n"
-               f"Video BIOS: \t {g['vbios_version'].lower()}\nBus Type: \t PCIe\n"
-               f"DMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n"
-               f"Bus Location: \t {sysfs_name(g['bus_id'])}\n"
-               f"Device Minor: \t {g['minor']}\nGPU Excluded:\t No\n")
+        _write(proc / "gpus" / sysfs_name(g["bus_id"]) / "information", gpu_information(machine, g))
     drivers.mkdir(parents=True, exist_ok=True)
     for b in bound:
         link = devices / sysfs_name(b) / "driver"
@@ -496,6 +700,20 @@ def set_driver_files(root: Path, machine: dict[str, Any], loaded: bool) -> None:
         dl = drivers / sysfs_name(b)
         if not dl.is_symlink():
             dl.symlink_to(f"../../devices/{sysfs_name(b)}")
+
+
+def gpu_information(machine: dict[str, Any], g: dict[str, Any]) -> str:
+    """/proc/driver/nvidia/gpus/<bus id>/information, in the driver's layout (the H200 recording's: Hopper
+    DMA-addresses 52 bits, earlier GPUs 47; "GPU Firmware" appears where the GSP firmware runs)."""
+    dma_bits = 52 if g["architecture"] >= ARCHITECTURES["hopper"] else 47
+    lines = [f"Model: \t\t {g['name']}", f"IRQ:   \t\t {g.get('irq', 0)}", f"GPU UUID: \t {g['uuid']}",
+             f"Video BIOS: \t {g['vbios_version'].lower()}", "Bus Type: \t PCIe",
+             f"DMA Size: \t {dma_bits} bits", f"DMA Mask: \t {hex((1 << dma_bits) - 1)}",
+             f"Bus Location: \t {sysfs_name(g['bus_id'])}", f"Device Minor: \t {g['minor']}"]
+    if g.get("gsp_firmware"):
+        lines.append(f"GPU Firmware: \t {machine['kernel_module_version']}")
+    lines.append("GPU Excluded:\t No")
+    return "\n".join(lines) + "\n"
 
 
 def set_library_files(root: Path, present: bool, library: Path | None = None) -> None:
@@ -615,16 +833,18 @@ def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
     def node(name: str, major: int, minor: int) -> None:
         made["char" if _dev_node(dev / name, major, minor) else "file"] += 1
 
+    majors = {**DEVICE_MAJORS, **h.get("device_majors", {})}
     for g in m["gpus"]:
         node(f"nvidia{g['minor']}", NVIDIA_MAJOR, g["minor"])
     node("nvidiactl", NVIDIA_MAJOR, 255)
-    node("nvidia-modeset", NVIDIA_MAJOR, 254)
-    node("nvidia-uvm", UVM_MAJOR, 0)
-    node("nvidia-uvm-tools", UVM_MAJOR, 1)
+    if h.get("modeset", True):  # nvidia-modeset.ko (a host without it, as the recorded VM, has no node)
+        node("nvidia-modeset", NVIDIA_MAJOR, 254)
+    node("nvidia-uvm", majors["nvidia-uvm"], 0)
+    node("nvidia-uvm-tools", majors["nvidia-uvm"], 1)
     for i, _ in enumerate(m["nvswitches"]):
-        node(f"nvidia-nvswitch{i}", NVSWITCH_MAJOR, i)
+        node(f"nvidia-nvswitch{i}", majors["nvidia-nvswitch"], i)
     if m["nvswitches"]:
-        node("nvidia-nvswitchctl", NVSWITCH_MAJOR, 255)
+        node("nvidia-nvswitchctl", majors["nvidia-nvswitch"], 255)
     mig_minors_file = host / "proc/driver/nvidia-caps/mig-minors"
     mig_minors_file.unlink(missing_ok=True)
     mig_gpus = {g["minor"] for g in m["gpus"] if g.get("mig")}
@@ -637,7 +857,7 @@ def _write_host(root: Path, m: dict[str, Any]) -> dict[str, int]:
         for name, minor in table:
             gpu = name.partition("/")[0]
             if name in ("config", "monitor") or (gpu.startswith("gpu") and int(gpu[3:]) in mig_gpus):
-                node(f"nvidia-caps/nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor)
+                node(f"nvidia-caps/nvidia-cap{minor}", majors["nvidia-caps"], minor)
     return made
 
 

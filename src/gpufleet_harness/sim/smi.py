@@ -1,15 +1,18 @@
 """`gpufleet-sim-smi`: an nvidia-smi stand-in for simulated hosts, built on pynvml via gpufleet.gpu.
 
-It answers the invocations gpufleet's roles, validation suites and operators use, in nvidia-smi's
-formats: `-L`, `--query-gpu=... --format=csv[,noheader][,nounits]`, `topo -m`, `--version`,
-`--gpu-reset -i N` (`-r`) and the default summary. Failures exit with nvidia-smi's codes, which are
-NVML's return codes (nvidia-smi(1), RETURN VALUE): 9 when the driver is not loaded, 12 when
-libnvidia-ml cannot be loaded, 255 otherwise. Every banner says the GPUs are simulated.
+It answers the invocations gpufleet's roles, validation suites and operators use, in the layouts nvidia-smi
+580.159.04 printed on a real H200 (tests/realgpu/h200-580.159.04/smi*.txt): the default summary, `-L`,
+`--query-gpu=... --format=csv[,noheader][,nounits]`, `topo -m` (with the escapes that underline its header),
+`-q` and `-q -x` (smi_query), `mig -lgip` / `-lgipp` / `-lgi`, `--version`, and `--gpu-reset -i N` (`-r`).
+Failures exit with nvidia-smi's codes, which are NVML's return codes (nvidia-smi(1), RETURN VALUE): 9 when
+the driver is not loaded, 12 when libnvidia-ml cannot be loaded, 255 otherwise. The outputs people read (the
+summary, `-q`, `--version`) say on stderr that the GPUs are simulated; stdout keeps the real layout.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import sys
 import time
@@ -34,8 +37,9 @@ from gpufleet.gpu import (
     nvml_session,
 )
 from gpufleet.gpu import pci as pci_scan
-from gpufleet.gpu.cli import format_topology
 from gpufleet.gpu.topology import build
+from gpufleet_harness.sim import smi_query
+from gpufleet_harness.sim.smi_query import Reader
 
 BANNER = f"gpufleet simulated nvidia-smi (gpufleet {__version__}): these GPUs are simulated"
 
@@ -80,6 +84,7 @@ class Row:
     memory_used: int | None = None
     memory_free: int | None = None
     mig_devices: list[MigRow] | None = None  # in MIG device order
+    reader: Reader | None = None  # the GPU's other NVML getters (None: the GPU is lost)
 
 
 @dataclass
@@ -92,6 +97,7 @@ class MigRow:
     ci: int | None = None  # compute-instance id
     memory_used: int | None = None  # bytes
     memory_total: int | None = None
+    attributes: Any = None  # nvmlDeviceGetAttributes: engines, slices, SMs
 
 
 def host_root() -> Path:
@@ -118,8 +124,11 @@ class Session:
         if gpu.lost:
             return row
         handle = self.nv.handle(gpu.index)
+        row.reader = Reader(self.nv.nv, handle)
         pci = self.nv.call(f"GPU {gpu.index}", self.nv.nv.nvmlDeviceGetPciInfo, handle)
-        memory = self.nv.call(f"GPU {gpu.index}", self.nv.nv.nvmlDeviceGetMemoryInfo, handle)
+        # nvidia-smi 580 counts the driver's reservation apart (nvmlMemory_v2_t): "Used" is what clients use.
+        memory = smi_query._memory_v2(row.reader) or self.nv.call(
+            f"GPU {gpu.index}", self.nv.nv.nvmlDeviceGetMemoryInfo, handle)
         row.pci_device_id, row.pci_subsystem_id = int(pci.pciDeviceId), int(pci.pciSubSystemId)
         row.memory_used, row.memory_free = int(memory.used), int(memory.free)
         row.mig_devices = self._mig_devices(handle)
@@ -146,7 +155,8 @@ class Session:
                 continue
             name, uuid = (v.decode() if isinstance(v, bytes) else v for v in (name, uuid))
             profile = name.rsplit(" MIG ", 1)[-1]
-            found.append(MigRow(profile, uuid, int(gi), int(ci), int(memory.used), int(memory.total)))
+            found.append(MigRow(profile, uuid, int(gi), int(ci), int(memory.used), int(memory.total),
+                                Reader(nv, mig).get("nvmlDeviceGetAttributes")))
         return found
 
     def select(self, ids: str | None) -> list[Row]:
@@ -236,6 +246,18 @@ FIELDS: dict[str, Field] = {
     "persistence_mode": Field(lambda r, s: _enabled(r.gpu.persistence_mode)),
     "mig.mode.current": Field(lambda r, s: _enabled(r.gpu.mig.current) if r.gpu.mig else None),
     "mig.mode.pending": Field(lambda r, s: _enabled(r.gpu.mig.pending) if r.gpu.mig else None),
+    "vbios_version": Field(lambda r, s: _read(r, "nvmlDeviceGetVbiosVersion")),
+    "pstate": Field(lambda r, s: _pstate(_read(r, "nvmlDeviceGetPerformanceState"))),
+    "clocks.max.sm": Field(lambda r, s: _read(r, "nvmlDeviceGetMaxClockInfo", 1), "MHz"),
+    "clocks.max.graphics": Field(lambda r, s: _read(r, "nvmlDeviceGetMaxClockInfo", 0), "MHz"),
+    "clocks.max.memory": Field(lambda r, s: _read(r, "nvmlDeviceGetMaxClockInfo", 2), "MHz"),
+    "power.limit": Field(lambda r, s: _watts(_read(r, "nvmlDeviceGetPowerManagementLimit")), "W"),
+    "power.draw": Field(lambda r, s: _watts(_read(r, "nvmlDeviceGetPowerUsage")), "W"),
+    "temperature.gpu": Field(lambda r, s: _read(r, "nvmlDeviceGetTemperature", 0)),
+    "utilization.gpu": Field(lambda r, s: _util(r), "%"),
+    "ecc.mode.current": Field(lambda r, s: _enabled(_first(_read(r, "nvmlDeviceGetEccMode")))),
+    "fabric.state": Field(lambda r, s: _fabric(r)[0]),
+    "fabric.status": Field(lambda r, s: _fabric(r)[1]),
 }
 # nvidia-smi accepts these alternative names for the same properties.
 ALIASES = {
@@ -245,6 +267,44 @@ ALIASES = {
     "gpu_bus_id": "pci.bus_id",
     "persistence-mode": "persistence_mode",
 }
+
+
+def _read(row: Row, name: str, *args: Any) -> Any:
+    return None if row.reader is None else row.reader.get(name, *args)
+
+
+def _first(value: Any) -> Any:
+    return None if value is None else value[0]
+
+
+def _pstate(value: int | None) -> str | None:
+    return None if value is None else f"P{value}"
+
+
+def _watts(milliwatts: int | None) -> str | None:
+    return None if milliwatts is None else f"{milliwatts / 1000:.2f}"
+
+
+def _util(row: Row) -> int | None:
+    util = _read(row, "nvmlDeviceGetUtilizationRates")
+    return None if util is None else int(util.gpu)
+
+
+# A GPU whose fabric query works but that is in no NVSwitch fabric says "N/A" (not "[N/A]"): recorded.
+_FABRIC_STATES = {0: "N/A", 1: "Not Started", 2: "In Progress", 3: "Completed"}
+
+
+def _fabric(row: Row) -> tuple[str | None, str | None]:
+    """(fabric.state, fabric.status): None ([N/A]) where the query is not supported."""
+    if row.reader is None:
+        return None, None
+    info = row.reader.struct("c_nvmlGpuFabricInfo_v3_t", "nvmlDeviceGetGpuFabricInfoV",
+                             "nvmlGpuFabricInfo_v3")
+    if info is None:
+        return None, None
+    if info.state == 0:
+        return "N/A", "N/A"
+    return _FABRIC_STATES.get(info.state, "N/A"), "Success" if info.status == 0 else "Not Ready"
 
 
 def query_gpu(session: Session, rows: list[Row], names: list[str], fmt: set[str]) -> str:
@@ -296,52 +356,109 @@ def list_gpus(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+WIDE_RULE = "+" + "-" * 89 + "+"
+GPU_RULE = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+GPU_HEADER = [
+    "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+    "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+    "|                                         |                        |               MIG M. |",
+    "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|",
+]
+PROCESS_TABLE = [
+    WIDE_RULE,
+    f"| {'Processes:':<88}|",
+    "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+    "|        ID   ID                                                               Usage      |",
+    "|" + "=" * 89 + "|",
+    f"|  {'No running processes found':<87}|",
+    WIDE_RULE,
+]
+
+
+def timestamp() -> str:
+    return time.strftime("%a %b %d %H:%M:%S %Y")
+
+
 def summary(session: Session, rows: list[Row]) -> str:
-    """The default output: banner, versions, one line per GPU."""
-    rule = "+" + "+".join("-" * width for width in (5, 30, 18, 23, 9, 6)) + "+"
+    """The default output, in nvidia-smi 580's layout: versions, three lines per GPU, the MIG devices, the
+    processes (none run on simulated GPUs)."""
     lines = [
-        time.strftime("%a %b %d %H:%M:%S %Y"),
-        BANNER,
-        f"Driver Version: {session.driver_version}    CUDA Version: {session.cuda_version}    "
-        f"NVML Version: {session.nvml_version}",
-        rule,
-        "| GPU | Name                         | Bus-Id           |          Memory-Usage | Persist | MIG  |",
-        rule,
+        f"{timestamp():<31}",
+        WIDE_RULE,
+        f"| NVIDIA-SMI {session.driver_version:<23}Driver Version: {session.driver_version:<15}"
+        f"CUDA Version: {session.cuda_version:<9}|",
+        GPU_RULE,
+        *GPU_HEADER,
     ]
     for row in rows:
-        gpu = row.gpu
-        if gpu.lost:
-            gone = "GPU is lost"
-            lines.append(f"| {gpu.index:>3} | {gone:<28} | {'':<16} | {'':>21} | {'':<7} | {'':<4} |")
-            continue
-        memory = f"{_mib(row.memory_used)}MiB / {_mib(gpu.memory_total)}MiB"
-        persist = {True: "On", False: "Off", None: "N/A"}[gpu.persistence_mode]
-        mig = "N/A" if gpu.mig is None else ("On" if gpu.mig.current else "Off")
-        lines.append(
-            f"| {gpu.index:>3} | {gpu.model[:28]:<28} | {nvml_bus_id(gpu.pci_bus_id)} | {memory:>21} "
-            f"| {persist:<7} | {mig:<4} |"
-        )
-    lines.append(rule)
-    lines.extend(mig_table(rows))
-    lines.append("Processes: none (simulated GPUs run no processes)")
+        lines.extend(_gpu_lines(session, row))
+        lines.append(GPU_RULE)
+    lines.append("")
+    migs = mig_table(rows)
+    if migs:
+        lines.extend([*migs, ""])
+    lines.extend(PROCESS_TABLE)
     return "\n".join(lines) + "\n"
 
 
+def _gpu_lines(session: Session, row: Row) -> list[str]:
+    gpu, r = row.gpu, row.reader
+    if gpu.lost or r is None:
+        gone = "GPU is lost"
+        return [f"|{gpu.index:>4}  {gone:<35}|{'':24}|{'ERR!':>21} |",
+                f"|{'':41}|{'':24}|{'':22}|", f"|{'':41}|{'':24}|{'':22}|"]
+    persist = {True: "On", False: "Off", None: "N/A"}[gpu.persistence_mode]
+    display = r.get("nvmlDeviceGetDisplayActive")
+    ecc = r.get("nvmlDeviceGetEccMode")
+    errors = r.get("nvmlDeviceGetTotalEccErrors", 1, 0) if ecc and ecc[0] else None
+    ecc_cell = "N/A" if ecc is None else (str(errors or 0) if ecc[0] else "Off")
+    fan = r.get("nvmlDeviceGetFanSpeed")
+    temp = r.get("nvmlDeviceGetTemperature", 0)
+    perf = r.get("nvmlDeviceGetPerformanceState")
+    power, cap = r.get("nvmlDeviceGetPowerUsage"), r.get("nvmlDeviceGetEnforcedPowerLimit")
+    util = r.get("nvmlDeviceGetUtilizationRates")
+    compute = smi_query.COMPUTE_MODES.get(r.get("nvmlDeviceGetComputeMode"), "N/A")
+    mig = "N/A" if gpu.mig is None else ("Enabled" if gpu.mig.current else "Disabled")
+    name = gpu.model if len(gpu.model) <= 31 else gpu.model[:28] + "..."
+    used = f"{round((row.memory_used or 0) / _MIB)}MiB"
+    total = f"{(gpu.memory_total or 0) // _MIB}MiB"
+    return [
+        f"|{gpu.index:>4}  {name:<31}{persist:<3} |{nvml_bus_id(gpu.pci_bus_id):>19} "
+        f"{'Off' if not display else 'On':<3} |{ecc_cell:>21} |",
+        f"| {'N/A' if fan is None else f'{fan}%':>3}  {'N/A' if temp is None else f'{temp}C':>4}    "
+        f"{'P?' if perf is None else f'P{perf}':<2}{'N/A' if power is None else f'{power // 1000}W':>16} / "
+        f"{'N/A' if cap is None else f'{cap // 1000}W':>5} |{used:>11} / {total:>9} |"
+        f"{'N/A' if util is None else f'{util.gpu}%':>8}{compute:>13} |",
+        f"|{'':41}|{'':24}|{mig:>21} |",
+    ]
+
+
+MIG_RULE = "+" + "-" * 18 + "+" + "-" * 34 + "+" + "-" * 11 + "+" + "-" * 23 + "+"
+
+
 def mig_table(rows: list[Row]) -> list[str]:
-    """The summary's "MIG devices:" table (none without MIG devices): a row per MIG device that starts as
-    nvidia-smi's does, `| GPU  GI  CI  MIG | <used>MiB / <total>MiB |`, which is what scripts read."""
+    """The summary's "MIG devices:" table (none without MIG devices), two lines per MIG device: GPU, GPU- and
+    compute-instance ids, MIG device index, memory, SMs and shared engines; then BAR1. Its layout is
+    nvidia-smi's (R535-R580), not recorded on a real GPU here: the H200 ran with MIG off."""
     migs = [(row.gpu.index, k, m) for row in rows for k, m in enumerate(row.mig_devices or [])]
     if not migs:
         return []
-    rule = "+" + "+".join("-" * width for width in (18, 26, 13)) + "+"
-    lines = [rule, "| MIG devices:" + " " * 47 + "|", rule,
-             "| GPU  GI  CI  MIG |             Memory-Usage | Profile     |",
-             "|      ID  ID  Dev |                          |             |", rule]  # fmt: skip
+    lines = [WIDE_RULE, f"| {'MIG devices:':<88}|", MIG_RULE,
+             "| GPU  GI  CI  MIG |                     Memory-Usage |        Vol|        Shared         |",
+             "|      ID  ID  Dev |                       BAR1-Usage | SM     Unc| CE ENC  DEC  OFA  JPG |",
+             "|                  |                                  |        ECC|                       |",
+             "|" + "=" * 18 + "+" + "=" * 34 + "+" + "=" * 11 + "+" + "=" * 23 + "|"]
     for index, k, mig in migs:
-        memory = f"{_mib(mig.memory_used)}MiB / {_mib(mig.memory_total)}MiB"
-        ids = f"{index:>3}{_id(mig.gi):>5}{_id(mig.ci):>4}{k:>4}"
-        lines.append(f"|{ids}  | {memory:>24} | {mig.profile:<11} |")
-    lines.append(rule)
+        a = mig.attributes
+        memory = f"{_mib(mig.memory_used)}MiB"
+        total = f"{_mib(mig.memory_total)}MiB"
+        sm = "N/A" if a is None else str(a.multiprocessorCount)
+        engines = ("" if a is None else f"{a.sharedCopyEngineCount:>3}{a.sharedEncoderCount:>4}"
+                   f"{a.sharedDecoderCount:>5}{a.sharedOfaCount:>5}{a.sharedJpegCount:>5}")
+        lines.append(f"|{index:>3}{_id(mig.gi):>5}{_id(mig.ci):>4}{k:>4}  |{memory:>20} / {total:<11}|"
+                     f" {sm:<2}{'0':>7} |{engines:<22} |")
+        lines.append(f"|{'':18}|{'0MiB / 0MiB':>32}  |{'':11}|{'':23}|")
+        lines.append(MIG_RULE)
     return lines
 
 
@@ -350,19 +467,63 @@ def _id(value: int | None) -> str:
 
 
 def version(session: Session) -> str:
-    """`--version`."""
+    """`--version`: NVML's version without the CUDA major before it and the patch level after."""
+    parts = session.nvml_version.split(".")
+    nvml = ".".join(parts[1:3]) if len(parts) >= 3 else session.nvml_version
     return (
-        f"{BANNER}\n"
-        f"NVIDIA-SMI version  : {session.driver_version} (simulated)\n"
-        f"NVML version        : {session.nvml_version}\n"
+        f"NVIDIA-SMI version  : {session.driver_version}\n"
+        f"NVML version        : {nvml}\n"
         f"DRIVER version      : {session.driver_version}\n"
         f"CUDA Version        : {session.cuda_version}\n"
     )
 
 
+# `topo -m`'s legend, as nvidia-smi 580 prints it (after an empty line, "Legend:" and an empty line).
+TOPO_LEGEND = [
+    "  X    = Self",
+    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+    "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA "
+    "node",
+    "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
+    "  PIX  = Connection traversing at most a single PCIe bridge",
+    "  NV#  = Connection traversing a bonded set of # NVLinks",
+]
+CPU_SET_WORDS = 128  # affinity masks of up to 8192 CPUs (the simulator's limit)
+UNDERLINE, RESET = "\x1b[4m", "\x1b[0m"  # real nvidia-smi underlines the header even when not on a tty
+
+
+def _cpulist(mask: Sequence[int], bits: int) -> str:
+    """'0-15' (or '0-3,8-11') from an affinity bitmask of `bits`-bit words."""
+    cpus = [w * bits + b for w, word in enumerate(mask) for b in range(bits) if word >> b & 1]
+    ranges: list[list[int]] = []
+    for cpu in cpus:
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in ranges) or "N/A"
+
+
 def topo_matrix(session: Session) -> str:
-    """`topo -m`: the connection matrix with CPU and NUMA affinity columns."""
-    return format_topology(build(session.gpus, session.nv.topology_level), session.gpus)
+    """`topo -m`: the connection matrix, then CPU affinity, NUMA affinity and GPU NUMA ID from NVML (a VM's
+    GPU without a sysfs NUMA node still shows NVML's node), then the legend."""
+    topology = build(session.gpus, session.nv.topology_level)
+    labels = [f"GPU{index}" for index in topology.indices]
+    lines = ["\t" + UNDERLINE + "\t".join([*labels, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]) + RESET]
+    bits = 8 * ctypes.sizeof(ctypes.c_ulong)
+    for label, row, cells in zip(labels, session.rows, topology.matrix, strict=True):
+        r = row.reader
+        cpu_mask = None if r is None else r.get("nvmlDeviceGetCpuAffinity", CPU_SET_WORDS)
+        node_mask = None if r is None else r.get("nvmlDeviceGetMemoryAffinity", 1, 0)
+        cpus = _cpulist(list(cpu_mask), bits) if cpu_mask is not None else (row.gpu.local_cpulist or "N/A")
+        numa = _cpulist(list(node_mask), bits) if node_mask is not None else "N/A"
+        gpu_numa = None if r is None else r.get("nvmlDeviceGetNumaNodeId")
+        marked = [f" {cell} " if cell == "X" else cell for cell in cells]
+        # an empty cell before GPU NUMA ID, as real nvidia-smi prints it
+        gpu_numa_id = "N/A" if gpu_numa is None else str(gpu_numa)
+        lines.append("\t".join([label, *marked, cpus, numa, "", gpu_numa_id]))
+    return "\n".join([*lines, "", "Legend:", "", *TOPO_LEGEND]) + "\n"
 
 
 def gpu_reset(rows: list[Row]) -> tuple[str, int]:
@@ -395,6 +556,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-i", "--id", help="GPU indices, UUIDs or PCI bus ids, comma-separated")
     parser.add_argument("--query-gpu", help="comma-separated properties to print, e.g. index,name,uuid")
     parser.add_argument("--format", help="csv[,noheader][,nounits]")
+    parser.add_argument("-q", "--query", action="store_true", help="every property of the GPUs")
+    parser.add_argument("-x", "--xml-format", action="store_true", help="-q as XML")
     parser.add_argument("--version", action="store_true", help="print versions")
     parser.add_argument("-r", "--gpu-reset", action="store_true", help="reset the GPUs given with -i")
     return parser
@@ -406,54 +569,106 @@ def _topo_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv: Sequence[str]) -> tuple[str, int]:
-    """(stdout text, exit code) for one invocation; main() prints it."""
-    topo = bool(argv) and argv[0] == "topo"
-    args = (_topo_parser() if topo else _parser()).parse_args(list(argv[1:] if topo else argv))
-    if topo and not args.matrix:
-        return _topo_parser().format_usage(), EXIT_BAD_ARGUMENT
+def _mig_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nvidia-smi mig", description=BANNER)
+    parser.add_argument("-i", "--id", help="GPU indices, UUIDs or PCI bus ids, comma-separated")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("-lgip", "--list-gpu-instance-profiles", action="store_true",
+                      help="GPU instance profiles")
+    what.add_argument("-lgipp", "--list-gpu-instance-possible-placements", action="store_true",
+                      help="their possible placements")
+    what.add_argument("-lgi", "--list-gpu-instances", action="store_true", help="GPU instances")
+    return parser
+
+
+@dataclass
+class Output:
+    """What one invocation prints: stdout, the exit code, and whether it is for people (the banner saying
+    the GPUs are simulated then goes to stderr)."""
+
+    text: str
+    code: int = 0
+    for_people: bool = False
+
+
+def _query(session: Session, rows: list[Row], xml: bool) -> str:
+    gpus = [smi_query.QueryGpu(nvml_bus_id(row.gpu.pci_bus_id), row.reader) for row in rows]
+    major = int(session.nvml_version.split(".")[0]) if session.nvml_version[:1].isdigit() else 0
+    render = smi_query.query_xml if xml else smi_query.query_text
+    return render(timestamp(), session.driver_version, session.cuda_version, major, gpus)
+
+
+def _mig(session: Session, args: argparse.Namespace) -> Output:
+    rows = session.select(args.id)
+    if not rows:
+        return Output("No devices were found\n", EXIT_NOT_FOUND)
+    gpus = [smi_query.MigGpu(row.gpu.index, row.reader) for row in rows
+            if row.reader is not None and row.gpu.mig is not None]
+    if not gpus:
+        return Output("No MIG-supported devices found.\n", EXIT_NOT_FOUND)
+    if args.list_gpu_instance_profiles:
+        return Output(smi_query.list_gpu_instance_profiles(gpus))
+    if args.list_gpu_instance_possible_placements:
+        return Output(smi_query.list_gpu_instance_placements(gpus))
+    return Output(smi_query.list_gpu_instances(gpus))
+
+
+def run(argv: Sequence[str]) -> Output:
+    """What one invocation prints; main() writes it."""
+    command = argv[0] if argv and argv[0] in ("topo", "mig") else None
+    parser = {"topo": _topo_parser, "mig": _mig_parser}.get(command or "", _parser)()
+    args = parser.parse_args(list(argv[1:] if command else argv))
+    if command == "topo" and not args.matrix:
+        return Output(parser.format_usage(), EXIT_BAD_ARGUMENT)
     names: list[str] = []
     fmt: set[str] = set()
-    if not topo and args.query_gpu is not None:
+    if not command and args.query_gpu is not None:
         names = [name.strip() for name in args.query_gpu.split(",") if name.strip()]
         for name in names:
             if ALIASES.get(name, name) not in FIELDS:
-                return f'Field "{name}" is not a valid field to query.\n', EXIT_BAD_ARGUMENT
+                return Output(f'Field "{name}" is not a valid field to query.\n', EXIT_BAD_ARGUMENT)
         options = [part.strip() for part in (args.format or "").split(",")]
         if options[0] != "csv":
-            return '"--format=csv" is required with --query-gpu.\n', EXIT_BAD_ARGUMENT
+            return Output('"--format=csv" is required with --query-gpu.\n', EXIT_BAD_ARGUMENT)
         fmt = set(options[1:])
     try:
         with nvml_session() as nv:
             session = Session(nv)
-            if topo:
-                return topo_matrix(session), 0
+            if command == "topo":
+                return Output(topo_matrix(session))
+            if command == "mig":
+                return _mig(session, args)
             if args.version:
-                return version(session), 0
+                return Output(version(session), for_people=True)
             if args.gpu_reset and args.id is None:
-                return "Option -r/--gpu-reset requires -i/--id to name the GPU(s).\n", EXIT_BAD_ARGUMENT
+                return Output("Option -r/--gpu-reset requires -i/--id to name the GPU(s).\n",
+                              EXIT_BAD_ARGUMENT)
             rows = session.select(args.id)
             if not rows:
-                return "No devices were found\n", EXIT_NOT_FOUND
+                return Output("No devices were found\n", EXIT_NOT_FOUND)
             if args.gpu_reset:
-                return gpu_reset(rows)
+                return Output(*gpu_reset(rows))
             # Like nvidia-smi, report the healthy GPUs and fail with NVML's GPU_IS_LOST code.
             code = EXIT_GPU_LOST if any(row.gpu.lost for row in rows) else 0
             if names:
-                return query_gpu(session, rows, names, fmt), code
+                return Output(query_gpu(session, rows, names, fmt), code)
             if args.list_gpus:
-                return list_gpus(rows), code
-            return summary(session, rows), code
+                return Output(list_gpus(rows), code)
+            if args.query or args.xml_format:
+                return Output(_query(session, rows, args.xml_format), code, for_people=not args.xml_format)
+            return Output(summary(session, rows), code, for_people=True)
     except NvmlError as err:
         message, code = failure(err)
-        return message + "\n", code
+        return Output(message + "\n", code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of `gpufleet-sim-smi` (installed as ROOT/bin/nvidia-smi on simulated hosts)."""
-    text, code = run(sys.argv[1:] if argv is None else argv)
-    sys.stdout.write(text)
-    return code
+    out = run(sys.argv[1:] if argv is None else argv)
+    if out.for_people:
+        sys.stderr.write(BANNER + "\n")
+    sys.stdout.write(out.text)
+    return out.code
 
 
 if __name__ == "__main__":

@@ -125,6 +125,61 @@ static void parse_uuid_bytes(const char *text, unsigned char out[SIM_GPU_FABRIC_
     }
 }
 
+/* Identity, board and the getters newer drivers answer (machine.json keys written by machine.py). */
+static void load_board(struct nvmlDevice_st *g, const sj_value *j)
+{
+    const sj_value *bar1 = sj_get(j, "bar1"), *pcie = sj_get(j, "pcie"), *v;
+    unsigned k;
+    copy_field(g->inforom_ecc, sizeof g->inforom_ecc, sj_get(j, "inforom_ecc_version"), "6.16");
+    g->bar1_total = (unsigned long long)sj_int(sj_get(bar1, "total"), 256LL << 20);
+    g->bar1_used = (unsigned long long)sj_int(sj_get(bar1, "used"), 0);
+    if (g->bar1_used > g->bar1_total) g->bar1_used = g->bar1_total;
+    g->board_id = (unsigned)sj_int(sj_get(j, "board_id"), (long long)(g->bus << 8 | g->device));
+    g->module_id = (unsigned)sj_int(sj_get(j, "module_id"), g->index + 1);
+    g->irq = (unsigned)sj_int(sj_get(j, "irq"), 0);
+    g->pdi = (unsigned long long)sj_int(sj_get(j, "pdi"), 0);
+    g->has_bus_width = !sj_is_null(sj_get(j, "memory_bus_width"));
+    g->bus_width = (unsigned)sj_int(sj_get(j, "memory_bus_width"), 0);
+    g->has_cores = !sj_is_null(sj_get(j, "cuda_cores"));
+    g->cores = (unsigned)sj_int(sj_get(j, "cuda_cores"), 0);
+    g->fans = (unsigned)sj_int(sj_get(j, "fans"), 0);
+    g->display_mode = (int)sj_int(sj_get(j, "display_mode"), 0);
+    g->gsp = (int)sj_int(sj_get(j, "gsp_firmware"), 0);
+    g->pcie_max_gen = (unsigned)sj_int(sj_get(pcie, "max_generation"), 3);
+    g->pcie_gen = (unsigned)sj_int(sj_get(pcie, "generation"), g->pcie_max_gen);
+    g->pcie_max_width = (unsigned)sj_int(sj_get(pcie, "max_width"), 16);
+    g->pcie_width = (unsigned)sj_int(sj_get(pcie, "width"), g->pcie_max_width);
+    g->pcie_speed = (unsigned)sj_int(sj_get(pcie, "speed_mbps"), 8000);
+    g->pcie_tx = (unsigned)sj_int(sj_get(pcie, "tx_kbps"), 0);
+    g->pcie_rx = (unsigned)sj_int(sj_get(pcie, "rx_kbps"), 0);
+    g->has_c2c = !sj_is_null(sj_get(j, "c2c_enabled"));
+    g->c2c_enabled = (unsigned)sj_int(sj_get(j, "c2c_enabled"), 0);
+    v = sj_get(j, "conf_compute");
+    g->has_cc = !sj_is_null(v);
+    g->cc_protected_kib = (unsigned long long)sj_int(sj_get(v, "protected_kib"), 0);
+    v = sj_get(j, "platform_info");
+    g->has_platform = !sj_is_null(v);
+    g->platform_host_id = (unsigned)sj_int(sj_get(v, "host_id"), 0);
+    g->has_addressing = !sj_is_null(sj_get(j, "addressing_mode"));
+    g->addressing_mode = (unsigned)sj_int(sj_get(j, "addressing_mode"), 0);
+    v = sj_get(j, "repair_status");
+    g->has_repair = !sj_is_null(v);
+    for (k = 0; k < 2; k++) g->repair[k] = (unsigned)sj_int(sj_at(v, k), 0);
+    v = sj_get(j, "remapped_rows");
+    g->has_remapped = !sj_is_null(v);
+    for (k = 0; k < 4; k++) g->remapped[k] = (unsigned)sj_int(sj_at(v, k), 0);
+    g->has_energy = (int)sj_int(sj_get(j, "energy"), 0);
+    g->clock_event_reasons = (unsigned long long)sj_int(sj_get(j, "clock_event_reasons"), 1);
+    v = sj_get(sj_get(j, "supported_clocks"), "memory");
+    g->nmem_clocks = v && v->type == SJ_ARR ? (unsigned)v->len : 0;
+    if (g->nmem_clocks > 8) g->nmem_clocks = 8;
+    for (k = 0; k < g->nmem_clocks; k++) g->mem_clocks[k] = (unsigned)sj_int(sj_at(v, k), 0);
+    v = sj_get(sj_get(j, "supported_clocks"), "graphics");
+    g->ngfx_clocks = v && v->type == SJ_ARR ? (unsigned)v->len : 0;
+    if (g->ngfx_clocks > 256) g->ngfx_clocks = 256;
+    for (k = 0; k < g->ngfx_clocks; k++) g->gfx_clocks[k] = (unsigned)sj_int(sj_at(v, k), 0);
+}
+
 static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, const sj_value *switches,
                     char *err, size_t errlen)
 {
@@ -203,15 +258,20 @@ static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, cons
                 g->links[k].remote_device_id = (unsigned)sj_int(sj_get(s, "device_id"), 0);
         }
     }
+    /* fabric: null → the call is NOT_SUPPORTED (pre-Hopper); {} → state NOT_SUPPORTED (no NVSwitch);
+     * {cluster_uuid, clique_id} → a member of the fabric. */
     g->has_fabric = !sj_is_null(fab);
-    if (g->has_fabric) {
+    g->fabric_member = g->has_fabric && !sj_is_null(sj_get(fab, "clique_id"));
+    if (g->fabric_member) {
         parse_uuid_bytes(sj_str(sj_get(fab, "cluster_uuid"), ""), g->cluster_uuid);
         g->clique_id = (unsigned)sj_int(sj_get(fab, "clique_id"), 0);
     }
     copy_field(g->board_part, sizeof g->board_part, sj_get(j, "board_part_number"), "");
     copy_field(g->vbios, sizeof g->vbios, sj_get(j, "vbios_version"), "");
     copy_field(g->inforom_image, sizeof g->inforom_image, sj_get(j, "inforom_image_version"), "");
+    load_board(g, j);
     g->power_limit_mw = (unsigned)sj_int(sj_get(j, "power_limit_mw"), 300000);
+    g->power_min_mw = (unsigned)sj_int(sj_get(j, "power_min_mw"), g->power_limit_mw / 2);
     g->power_usage_mw = (unsigned)sj_int(sj_get(j, "power_usage_mw"), 50000);
     g->temperature = (unsigned)sj_int(sj_get(j, "temperature_c"), 30);
     g->pstate = (unsigned)sj_int(sj_get(j, "performance_state"), 0);
@@ -276,6 +336,8 @@ static int load_machine(char *err, size_t errlen)
                g_sim.driver_version);
     copy_field(g_sim.nvml_version, sizeof g_sim.nvml_version, sj_get(&doc, "nvml_version"), "12.535.261.03");
     g_sim.cuda_version = (int)sj_int(sj_get(&doc, "cuda_driver_version"), 12020);
+    g_sim.has_branch = sj_str(sj_get(&doc, "driver_branch"), NULL) != NULL;
+    copy_field(g_sim.driver_branch, sizeof g_sim.driver_branch, sj_get(&doc, "driver_branch"), "");
     g_sim.fm_required = (int)sj_int(sj_get(&doc, "fabricmanager_required"), 0);
     g_sim.passthrough = !sj_is_null(sj_get(host, "hypervisor"));
     g_sim.ncpus = (int)sj_int(sj_get(host, "cpus"), 1);
@@ -481,6 +543,28 @@ nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
 nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
 {
     return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetDriverBranch(simDriverBranchInfoArg_t *arg, unsigned int length)
+{
+    simDriverBranchInfo_t *info = (simDriverBranchInfo_t *)arg;
+    nvmlReturn_t r = sim_enter();
+    if (r != NVML_SUCCESS) return r;
+    if (!info) return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* Drivers before the call existed (the 535 fixtures) have no branch to report. */
+    if (!g_sim.has_branch) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
+    if (info->version != SIM_DRIVER_BRANCH_V1) return sim_leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (length > sizeof info->branch) length = sizeof info->branch;
+    return sim_leave(sim_copy_str(info->branch, length, g_sim.driver_branch));
+}
+
+nvmlReturn_t DECLDIR nvmlGetExcludedDeviceCount(unsigned int *deviceCount)
+{
+    nvmlReturn_t r = sim_enter();
+    if (r != NVML_SUCCESS) return r;
+    if (!deviceCount) return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
+    *deviceCount = 0; /* no GPU is excluded (NVreg_ExcludedGpus is empty, as recorded) */
+    return sim_leave(NVML_SUCCESS);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetCount(unsigned int *unitCount)

@@ -168,7 +168,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetInforomVersion(nvmlDevice_t device, nvmlInforo
     ENTER(device);
     switch (object) {
     case NVML_INFOROM_OEM: v = "2.1"; break;
-    case NVML_INFOROM_ECC: v = device->ecc ? "6.16" : NULL; break;
+    case NVML_INFOROM_ECC: v = device->ecc ? device->inforom_ecc : NULL; break;
     case NVML_INFOROM_POWER: return sim_leave(NVML_ERROR_NOT_SUPPORTED);
     default: return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
     }
@@ -265,41 +265,19 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pc
     return nvmlDeviceGetPciInfo_v2(device, pci);
 }
 
-static unsigned pcie_gen(const struct nvmlDevice_st *d)
-{
-    switch (d->arch) {
-    case NVML_DEVICE_ARCH_HOPPER: return 5;
-    case NVML_DEVICE_ARCH_AMPERE:
-    case NVML_DEVICE_ARCH_ADA: return 4;
-    default: return 3;
+/* PCIe link generation and width (machine.json `pcie`; the link trains to its maximum, as recorded). */
+#define PCIE_GETTER(fn, field)                                                                          \
+    nvmlReturn_t DECLDIR fn(nvmlDevice_t device, unsigned int *value)                                   \
+    {                                                                                                   \
+        ENTER(device);                                                                                  \
+        NEED(value);                                                                                    \
+        *value = device->field;                                                                         \
+        return sim_leave(NVML_SUCCESS);                                                                 \
     }
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen)
-{
-    ENTER(device);
-    NEED(maxLinkGen);
-    *maxLinkGen = pcie_gen(device);
-    return sim_leave(NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen)
-{
-    return nvmlDeviceGetMaxPcieLinkGeneration(device, currLinkGen);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *maxLinkWidth)
-{
-    ENTER(device);
-    NEED(maxLinkWidth);
-    *maxLinkWidth = 16;
-    return sim_leave(NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth)
-{
-    return nvmlDeviceGetMaxPcieLinkWidth(device, currLinkWidth);
-}
+PCIE_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
+PCIE_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
+PCIE_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
+PCIE_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
 
 /* ------------------------------------------------------------------------------------ memory */
 
@@ -372,10 +350,11 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned i
 {
     ENTER(device);
     NEED(nodeSet && nodeSetSize > 0 && scope <= NVML_AFFINITY_SCOPE_SOCKET);
-    /* A device without NUMA affinity (numa_node -1, as in VMs) has nothing to report. */
-    if (device->numa_node < 0) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
     memset(nodeSet, 0, nodeSetSize * sizeof *nodeSet);
-    set_bits(nodeSet, nodeSetSize, device->numa_node, device->numa_node);
+    if (device->numa_node >= 0)
+        set_bits(nodeSet, nodeSetSize, device->numa_node, device->numa_node);
+    else /* no node of its own (sysfs numa_node -1, as in VMs): the real H200 VM answered node 0, its only one */
+        set_bits(nodeSet, nodeSetSize, 0, g_sim.nnuma ? (int)g_sim.nnuma - 1 : 0);
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -419,17 +398,21 @@ nvmlReturn_t DECLDIR nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMo
     return sim_leave(NVML_SUCCESS);
 }
 
+/* The H200 answers display mode 1 (its -q: "Requested functionality has been deprecated") and active 0. */
 nvmlReturn_t DECLDIR nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t *display)
 {
     ENTER(device);
     NEED(display);
-    *display = NVML_FEATURE_DISABLED;
+    *display = device->display_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return sim_leave(NVML_SUCCESS);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableState_t *isActive)
 {
-    return nvmlDeviceGetDisplayMode(device, isActive);
+    ENTER(device);
+    NEED(isActive);
+    *isActive = NVML_FEATURE_DISABLED;
+    return sim_leave(NVML_SUCCESS);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending)
@@ -494,7 +477,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t d
 {
     ENTER(device);
     NEED(minLimit && maxLimit);
-    *minLimit = device->power_limit_mw / 2;
+    *minLimit = device->power_min_mw;
     *maxLimit = device->power_limit_mw;
     return sim_leave(NVML_SUCCESS);
 }
@@ -543,22 +526,35 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, nvm
     return nvmlDeviceGetMaxClockInfo(device, clockType, clockMHz);
 }
 
+/* Clock-event reasons ("throttle reasons" before R535 renamed them; both names are exported). */
+static nvmlReturn_t clock_reasons(nvmlDevice_t device, unsigned long long *reasons, int supported)
+{
+    ENTER(device);
+    NEED(reasons);
+    *reasons = supported ? nvmlClocksThrottleReasonAll : device->clock_event_reasons;
+    return sim_leave(NVML_SUCCESS);
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
                                                               unsigned long long *clocksThrottleReasons)
 {
-    ENTER(device);
-    NEED(clocksThrottleReasons);
-    *clocksThrottleReasons = nvmlClocksThrottleReasonGpuIdle;
-    return sim_leave(NVML_SUCCESS);
+    return clock_reasons(device, clocksThrottleReasons, 0);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device,
                                                                 unsigned long long *supportedClocksThrottleReasons)
 {
-    ENTER(device);
-    NEED(supportedClocksThrottleReasons);
-    *supportedClocksThrottleReasons = nvmlClocksThrottleReasonAll;
-    return sim_leave(NVML_SUCCESS);
+    return clock_reasons(device, supportedClocksThrottleReasons, 1);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return clock_reasons(device, reasons, 0);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return clock_reasons(device, reasons, 1);
 }
 
 /* ------------------------------------------------------------------------------------ topology */
@@ -711,9 +707,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned
 
 /* ------------------------------------------------------------------------------------ GPU fabric */
 
-static void fabric_values(unsigned *state, nvmlReturn_t *status)
+static void fabric_values(const struct nvmlDevice_st *d, unsigned *state, nvmlReturn_t *status)
 {
-    if (g_sim.fm_required && !g_sim.fm_running) {
+    if (!d->fabric_member) { /* Hopper without an NVSwitch fabric, as the recorded H200 VM answers */
+        *state = SIM_GPU_FABRIC_STATE_NOT_SUPPORTED;
+        *status = NVML_SUCCESS;
+    } else if (g_sim.fm_required && !g_sim.fm_running) {
         *state = SIM_GPU_FABRIC_STATE_NOT_STARTED;
         *status = (nvmlReturn_t)SIM_ERROR_NOT_READY;
     } else {
@@ -729,7 +728,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, simGpuFabri
     NEED(info);
     if (!device->has_fabric) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
     memset(info, 0, sizeof *info);
-    fabric_values(&info->state, &info->status);
+    fabric_values(device, &info->state, &info->status);
     if (info->state == SIM_GPU_FABRIC_STATE_COMPLETED) {
         memcpy(info->clusterUuid, device->cluster_uuid, sizeof info->clusterUuid);
         info->cliqueId = device->clique_id;
@@ -753,7 +752,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, simGpuFabr
         simGpuFabricInfoV_t v;
         memset(&v, 0, sizeof v);
         v.version = version;
-        fabric_values(&v.state, &v.status);
+        fabric_values(device, &v.state, &v.status);
         if (v.state == SIM_GPU_FABRIC_STATE_COMPLETED) {
             memcpy(v.clusterUuid, device->cluster_uuid, sizeof v.clusterUuid);
             v.cliqueId = device->clique_id;

@@ -17,7 +17,7 @@ NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 
 _DECL = re.compile(r"\bDECLDIR\s+\*?\s*(nvml\w+)\s*\(")
 _DEF = re.compile(r"^(?:nvmlReturn_t|const\s+DECLDIR\s+char\s*\*)\s*(?:DECLDIR\s+)?(nvml\w+)\s*\(", re.M)
-_MACRO_DEF = re.compile(r"^NO_PROCESSES\((nvml\w+)", re.M)
+_MACRO_DEF = re.compile(r"^(?:NO_PROCESSES|[A-Z][A-Z0-9_]*_GETTER)\((nvml\w+)", re.M)
 
 
 def header_names(header: str) -> list[str]:

@@ -461,6 +461,37 @@ nvmlReturn_t DECLDIR nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t m
     return sim_leave(NVML_SUCCESS);
 }
 
+/* nvml.h: "This API currently only supports MIG device handles" (a full GPU: NOT_SUPPORTED, as the real
+ * H200 answers): the engines, slices and memory of the MIG device's compute instance and GPU instance. */
+nvmlReturn_t DECLDIR nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    const struct nvmlDevice_st *g;
+    const struct nvmlGpuInstance_st *gi;
+    const sim_mig_profile *p;
+    ENTER(device);
+    NEED(attributes);
+    if (!device->is_mig) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
+    g = device->parent;
+    gi = device->ci->gi;
+    p = &g->mig_profiles[gi->prof];
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = ci_sm(gi, g, device->ci->profile);
+    attributes->sharedCopyEngineCount = p->ce;
+    attributes->sharedDecoderCount = p->dec;
+    attributes->sharedEncoderCount = p->enc;
+    attributes->sharedJpegCount = p->jpeg;
+    attributes->sharedOfaCount = p->ofa;
+    attributes->gpuInstanceSliceCount = p->slices;
+    attributes->computeInstanceSliceCount = ci_slices(device->ci->profile);
+    attributes->memorySizeMB = p->memory_mib;
+    return sim_leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
 {
     ENTER(device);
@@ -497,10 +528,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigne
         (info)->memorySizeMB = (p)->memory_mib;     \
     } while (0)
 
-/* The profile of `profile` (an NVML_GPU_INSTANCE_PROFILE_* index) on a MIG-enabled GPU, or an error. */
+/* The profile of `profile` (an NVML_GPU_INSTANCE_PROFILE_* index) on a MIG-capable GPU, or an error. MIG
+ * need not be enabled: the real H200 lists its profiles with MIG off (`nvidia-smi mig -lgip`, NVML's
+ * profile infos in the recording). */
 static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned profile, const sim_mig_profile **out)
 {
-    if (!device->has_mig || !mig_on(device)) return NVML_ERROR_NOT_SUPPORTED;
+    if (!device->has_mig) return NVML_ERROR_NOT_SUPPORTED;
     if (profile >= SIM_GI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     *out = profile_by_index(device, profile);
     return *out ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
@@ -533,16 +566,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, u
     r = gi_profile(device, profile, &p);
     if (r != NVML_SUCCESS) return sim_leave(r);
     /* v2 keeps v1's isP2pSupported after the id, v3 drops it and adds capabilities (0 here): three layouts
-     * with the same field names, hence the macro. */
+     * with the same field names, hence the macro. The real driver clears the whole struct, `version`
+     * included (the recorded H200 hands back version 0), and so does the simulator. */
     if (version == SIM_GI_PROFILE_INFO_V2) {
         memset(info, 0, sizeof *info);
-        info->version = version;
         GI_PROFILE_FIELDS(info, p);
         snprintf(info->name, sizeof info->name, "MIG %s", p->name);
     } else {
         simGpuInstanceProfileInfo_v3_t *v3 = (simGpuInstanceProfileInfo_v3_t *)info;
         memset(v3, 0, sizeof *v3);
-        v3->version = version;
         GI_PROFILE_FIELDS(v3, p);
         snprintf(v3->name, sizeof v3->name, "MIG %s", p->name);
     }

@@ -68,6 +68,105 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, simGpuFabr
 nvmlReturn_t DECLDIR nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node);
 #endif
 
+/* ---- structs of calls newer than the 11.8 header (R550-R580); layouts follow nvidia-ml-py's ctypes
+ * structures and, where the header declares them, are checked against it byte for byte ---- */
+
+typedef struct {
+    unsigned int version;
+    unsigned long long value;
+} simPdi_t;                                       /* nvmlPdi_v1_t */
+typedef struct {
+    unsigned int version, bChannelRepairPending, bTpcRepairPending;
+} simRepairStatus_t;                              /* nvmlRepairStatus_v1_t */
+typedef struct {
+    unsigned int version, value;
+} simAddressingMode_t;                            /* nvmlDeviceAddressingMode_v1_t */
+typedef struct {
+    unsigned int isC2cEnabled;
+} simC2cModeInfo_t;                               /* nvmlC2cModeInfo_v1_t (no version word) */
+typedef struct {
+    unsigned int version;
+    unsigned char ibGuid[16], chassisSerialNumber[16];
+    unsigned char slotNumber, trayIndex, hostId, peerType, moduleId;
+} simPlatformInfo_t;                              /* nvmlPlatformInfo_v2_t (v1: same layout, older names) */
+typedef struct {
+    unsigned int version;
+    char branch[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+} simDriverBranchInfo_t;                          /* nvmlSystemDriverBranchInfo_v1_t */
+typedef struct {
+    unsigned long long protectedMemSizeKib, unprotectedMemSizeKib;
+} simConfComputeMemSizeInfo_t;                    /* nvmlConfComputeMemSizeInfo_t */
+
+/* NVML_STRUCT_VERSION(name, v): sizeof | v << 24 */
+#define SIM_PDI_V1 0x01000010u
+#define SIM_REPAIR_STATUS_V1 0x0100000Cu
+#define SIM_ADDRESSING_MODE_V1 0x01000008u
+#define SIM_PLATFORM_INFO_V1 0x0100002Cu
+#define SIM_PLATFORM_INFO_V2 0x0200002Cu
+#define SIM_DRIVER_BRANCH_V1 0x01000054u
+_Static_assert(sizeof(simPdi_t) == (SIM_PDI_V1 & 0xFFFFFF), "simPdi_t layout");
+_Static_assert(sizeof(simRepairStatus_t) == (SIM_REPAIR_STATUS_V1 & 0xFFFFFF), "simRepairStatus_t layout");
+_Static_assert(sizeof(simAddressingMode_t) == (SIM_ADDRESSING_MODE_V1 & 0xFFFFFF), "simAddressingMode_t layout");
+_Static_assert(sizeof(simPlatformInfo_t) == (SIM_PLATFORM_INFO_V2 & 0xFFFFFF), "simPlatformInfo_t layout");
+_Static_assert(sizeof(simDriverBranchInfo_t) == (SIM_DRIVER_BRANCH_V1 & 0xFFFFFF), "driver branch layout");
+
+/* Each call takes the header's struct when the header has it (same layout, asserted), else the sim's,
+ * with a prototype declared here. */
+#define SIM_HEADER_TYPE(sim, hdr) _Static_assert(sizeof(hdr) == sizeof(sim), #hdr " layout")
+#ifdef nvmlPdi_v1
+typedef nvmlPdi_t simPdiArg_t;
+SIM_HEADER_TYPE(simPdi_t, nvmlPdi_t);
+#else
+typedef simPdi_t simPdiArg_t;
+nvmlReturn_t DECLDIR nvmlDeviceGetPdi(nvmlDevice_t device, simPdi_t *pdi);
+#endif
+#ifdef nvmlRepairStatus_v1
+typedef nvmlRepairStatus_t simRepairStatusArg_t;
+SIM_HEADER_TYPE(simRepairStatus_t, nvmlRepairStatus_t);
+#else
+typedef simRepairStatus_t simRepairStatusArg_t;
+nvmlReturn_t DECLDIR nvmlDeviceGetRepairStatus(nvmlDevice_t device, simRepairStatus_t *repairStatus);
+#endif
+#ifdef nvmlDeviceAddressingMode_v1
+typedef nvmlDeviceAddressingMode_t simAddressingModeArg_t;
+SIM_HEADER_TYPE(simAddressingMode_t, nvmlDeviceAddressingMode_t);
+#else
+typedef simAddressingMode_t simAddressingModeArg_t;
+nvmlReturn_t DECLDIR nvmlDeviceGetAddressingMode(nvmlDevice_t device, simAddressingMode_t *mode);
+#endif
+#ifdef nvmlC2cModeInfo_v1
+typedef nvmlC2cModeInfo_v1_t simC2cModeInfoArg_t;
+SIM_HEADER_TYPE(simC2cModeInfo_t, nvmlC2cModeInfo_v1_t);
+#else
+typedef simC2cModeInfo_t simC2cModeInfoArg_t;
+nvmlReturn_t DECLDIR nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, simC2cModeInfo_t *c2cModeInfo);
+#endif
+#ifdef nvmlPlatformInfo_v2
+typedef nvmlPlatformInfo_t simPlatformInfoArg_t;
+SIM_HEADER_TYPE(simPlatformInfo_t, nvmlPlatformInfo_t);
+#else
+typedef simPlatformInfo_t simPlatformInfoArg_t;
+nvmlReturn_t DECLDIR nvmlDeviceGetPlatformInfo(nvmlDevice_t device, simPlatformInfo_t *platformInfo);
+#endif
+#ifdef nvmlSystemDriverBranchInfo_v1
+typedef nvmlSystemDriverBranchInfo_t simDriverBranchInfoArg_t;
+SIM_HEADER_TYPE(simDriverBranchInfo_t, nvmlSystemDriverBranchInfo_t);
+#else
+typedef simDriverBranchInfo_t simDriverBranchInfoArg_t;
+nvmlReturn_t DECLDIR nvmlSystemGetDriverBranch(simDriverBranchInfo_t *branchInfo, unsigned int length);
+#endif
+#ifdef NVML_CC_SYSTEM_CPU_CAPS_NONE
+typedef nvmlConfComputeMemSizeInfo_t simConfComputeMemSizeInfoArg_t;
+SIM_HEADER_TYPE(simConfComputeMemSizeInfo_t, nvmlConfComputeMemSizeInfo_t);
+#else
+typedef simConfComputeMemSizeInfo_t simConfComputeMemSizeInfoArg_t;
+nvmlReturn_t DECLDIR nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, simConfComputeMemSizeInfo_t *memInfo);
+#endif
+/* Calls of plain types: a prototype repeated from a newer header is a compatible redeclaration. */
+nvmlReturn_t DECLDIR nvmlDeviceGetModuleId(nvmlDevice_t device, unsigned int *moduleId);
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons);
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons);
+
 /* ---- simulated machine ---- */
 
 typedef struct {
@@ -145,9 +244,25 @@ struct nvmlDevice_st {
     char board_part[NVML_DEVICE_PART_NUMBER_BUFFER_SIZE];
     char vbios[NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE];
     char inforom_image[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE];
-    unsigned int power_limit_mw, power_usage_mw, temperature, pstate;
+    unsigned int power_limit_mw, power_min_mw, power_usage_mw, temperature, pstate;
     unsigned int clocks[NVML_CLOCK_COUNT], max_clocks[NVML_CLOCK_COUNT];
     unsigned long long supported_events;
+    /* identity and board (machine.json; a getter whose `has_` flag is 0 answers NOT_SUPPORTED) */
+    char inforom_ecc[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE];
+    int fabric_member;             /* in an NVSwitch fabric (cluster UUID, clique); else state NOT_SUPPORTED */
+    unsigned long long bar1_total, bar1_used;
+    unsigned int board_id, module_id, irq;
+    unsigned long long pdi;
+    int has_bus_width, has_cores;
+    unsigned int bus_width, cores, fans;
+    int display_mode, gsp;
+    unsigned int pcie_max_gen, pcie_gen, pcie_max_width, pcie_width, pcie_speed, pcie_tx, pcie_rx;
+    int has_c2c, has_cc, has_platform, has_addressing, has_repair, has_remapped, has_energy;
+    unsigned int c2c_enabled, platform_host_id, addressing_mode, repair[2], remapped[4];
+    unsigned long long cc_protected_kib;
+    unsigned long long clock_event_reasons;
+    unsigned int nmem_clocks, ngfx_clocks;
+    unsigned int mem_clocks[8], gfx_clocks[256];
 };
 
 typedef struct {
@@ -163,6 +278,8 @@ typedef struct {
     char kmod_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
     int cuda_version;
+    int has_branch;
+    char driver_branch[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     int fm_required;
     int passthrough;               /* a hypervisor passes the GPUs through */
     unsigned int nnuma;
