@@ -64,6 +64,29 @@ def test_the_recorded_h200_gets_exactly_the_labels_gfd_wrote_there(recorded_h200
     assert gfd_labels(recorded_h200, cfg.mig_strategy, gfd_sharing(cfg)) == want
 
 
+def test_the_simulated_h200_gets_the_same_labels(sim_library: str, tmp_path: Path) -> None:
+    """The simulator's firecracker-vm-h200 fixture, read by the plugin's discovery through the unmodified
+    pynvml in a child process (as the DaemonSet runs it), labels its node exactly as GFD labelled the real
+    host: the fixture and the recording agree wherever a label looks."""
+    import json
+    import os
+    import subprocess
+
+    from dp_helpers import materialize_sim
+
+    env = {**os.environ, **materialize_sim("firecracker-vm-h200", str(tmp_path / "sim"))}
+    code = (
+        "import json, os\n"
+        "from gpufleet.deviceplugin.rm.nvml_source import NvmlDeviceSource\n"
+        "from gpufleet.deviceplugin.gfd import gfd_labels\n"
+        "source = NvmlDeviceSource(os.environ['GPUFLEET_HOST_ROOT'])\n"
+        "print(json.dumps(gfd_labels(source.inventory())))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == recorded_gfd_labels()
+
+
 def test_what_the_recording_says_reaches_the_labels(recorded_h200: NodeInventory) -> None:
     """The inventory holds the recorded facts the labels come from (a replay that lost one would show)."""
     (gpu,) = recorded_h200.gpus
