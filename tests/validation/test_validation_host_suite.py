@@ -130,7 +130,7 @@ def test_suites_the_expectations_cannot_feed_are_not_run_never_passed(
     assert list(groups) == ["runtime", "cluster", "workload"]
     no_runtime = groups["runtime"]
     assert no_runtime["targets"] == ["t4"]
-    assert "expected docker or containerd (playbook variable gpufleet_validation_runtime" in no_runtime["reason"]
+    assert "docker or containerd (playbook variable gpufleet_validation_runtime" in no_runtime["reason"]
     assert "gpufleet_validation_cluster" in groups["cluster"]["reason"] == groups["workload"]["reason"]
     assert all(c["outcome"] == "not run" for c in doc["checks"] if c["suite"] != "host")
     # the table: the cells, and why, within 80 columns
