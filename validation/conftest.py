@@ -5,6 +5,10 @@
 - ``--gpufleet-suites host,runtime,cluster,workload``: the others are deselected.
 - Per-host checks take the ``target`` fixture and run once per host; the test id names the host. Each test
   records its suite, target and check name as user properties (JUnit properties, the runner's JSON).
+- A selected check whose input the expectations lack does not run, and says so: a host without the key its
+  suite's ``HOSTS_WITH`` names (the suite's ``WITHOUT`` tells why), or a check taking the ``cluster`` fixture
+  when there is no ``cluster`` section. It is skipped with a reason starting ``NOT RUN: `` and the property
+  ``outcome=not run``; the collector (gpufleet.validation.cli) records it as "not run", never as passed.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ import testinfra
 from hostcheck import Target
 from podcheck import Cluster
 
-from gpufleet.validation.report import CLUSTER_TARGET, SUITES, load_expectations
+from gpufleet.validation.report import (
+    CLUSTER_TARGET,
+    NO_CLUSTER,
+    NOT_RUN,
+    NOT_RUN_PREFIX,
+    SUITES,
+    load_expectations,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,17 +50,29 @@ def _expectations(config: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Per-host checks run once per host of the expectations, with the host name as the test id."""
+    """Per-host checks run once per host of the expectations, with the host name as the test id (every
+    host: one lacking what the suite needs shows as not run, see :func:`_why_not_run`)."""
     if "target" in metafunc.fixturenames:
-        hosts = _expectations(metafunc.config)["hosts"]
-        selector = getattr(metafunc.module, "HOSTS_WITH", None)
-        names = [n for n, exp in hosts.items() if selector is None or exp.get(selector)]
+        names = list(_expectations(metafunc.config)["hosts"])
         metafunc.parametrize("target", names, indirect=True, ids=names)
 
 
+def _why_not_run(item: pytest.Item, target: str, expectations: dict[str, Any]) -> str | None:
+    """Why a selected check cannot run on these expectations (None: it can)."""
+    if "cluster" in getattr(item, "fixturenames", ()) and not expectations.get("cluster"):
+        return NO_CLUSTER
+    module = getattr(item, "module", None)
+    key = getattr(module, "HOSTS_WITH", None)
+    if key and target in expectations["hosts"] and not expectations["hosts"][target].get(key):
+        return str(getattr(module, "WITHOUT", f"the host's expectations have no '{key}'"))
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect suites not asked for; tag each test with suite, target and check name."""
+    """Deselect suites not asked for; tag each test with suite, target and check name; mark the selected
+    checks the expectations cannot feed as not run, with the reason."""
     wanted = set(config.getoption("--gpufleet-suites").split(","))
+    expectations = _expectations(config)
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:
@@ -61,6 +84,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (keep if suite in wanted and applies else drop).append(item)
         name = getattr(item, "originalname", item.name).removeprefix("test_")
         item.user_properties += [("suite", suite), ("target", target), ("check", name)]
+        reason = _why_not_run(item, target, expectations) if suite in wanted and applies else None
+        if reason:
+            item.user_properties.append(("outcome", NOT_RUN))
+            item.add_marker(pytest.mark.skip(reason=NOT_RUN_PREFIX + reason))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -106,8 +133,8 @@ def target(request: pytest.FixtureRequest, expectations: dict[str, Any]) -> Targ
 def cluster(expectations: dict[str, Any]) -> Iterator[Cluster]:
     """The Kubernetes API as the expectations' ``cluster`` section configures it (errors: could not run)."""
     settings = expectations.get("cluster") or {}
-    if not settings:
-        pytest.skip("no cluster section in the expectations")
+    if not settings:  # the collection marks such checks not run first; this keeps any other path honest
+        pytest.skip(NOT_RUN_PREFIX + NO_CLUSTER)
     the_cluster = Cluster(settings)
     try:
         yield the_cluster

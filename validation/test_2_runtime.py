@@ -1,8 +1,9 @@
 """Runtime suite: containers started through the configured container runtime see the GPUs.
 
-For hosts whose expectations name a ``runtime`` (``docker`` or ``containerd``): the runtime offers the
+Every host's expectations name its ``runtime`` (``docker`` or ``containerd``): the runtime offers the
 NVIDIA runtime (``runtime_name``, default ``nvidia``), and ``nvidia-smi -L`` inside a container started
-through it (``runtime_image``) lists the host's GPUs.
+through it (``runtime_image``) lists the host's GPUs. A host without a ``runtime`` shows these checks as not
+run (``WITHOUT`` says why), never as passed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from gpufleet.imageref import qualified
 
 SUITE = "runtime"
 HOSTS_WITH = "runtime"
+WITHOUT = (
+    "the host's expectations name no container runtime; expected docker or containerd "
+    "(playbook variable gpufleet_validation_runtime, expectations key 'runtime')"
+)
 DEFAULT_IMAGE = "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"
 GPU_LINE = re.compile(r"^GPU \d+: ", re.MULTILINE)
 

@@ -84,6 +84,35 @@ def test_validate_shows_each_hosts_result_and_fails_on_a_failed_check(
     assert "sim-dgx-a100 host/fabricmanager_active: FAILED" in shown.out
 
 
+def test_validate_without_runtime_or_cluster_settings_is_not_a_pass(
+    gpufleet: Gpufleet, tmp_path: Path, sim_lib: Path
+) -> None:
+    """inventory/sim sets neither gpufleet_validation_runtime nor gpufleet_validation_cluster. All four
+    suites asked for (no --suites): the host suite passes, the other three are NOT RUN with the variable to
+    set, and `gpufleet validate` exits 1 (before issue 30: exit 0, "pass"). `gpufleet report` agrees."""
+    base = _materialize(tmp_path / "sim", sim_lib, ("pcie-2x-t4",))
+    report = tmp_path / "report"
+    result = gpufleet("validate", "-i", SIM_INVENTORY, "--limit", "sim-pcie-2x-t4", "-e",
+                      f"gpufleet_sim_base={base}", "-e", "gpufleet_driver_version=535.261.03",
+                      "--report-dir", str(report), "--json")
+    assert result.rc == 1, result.explain()
+    doc = result.json()["validation"]
+    assert doc["status"] == "could not run" and doc["exit_code"] == 2 and doc["not_asked"] == []
+    assert doc["hosts"]["sim-pcie-2x-t4"] == {"host": "PASS 7/7", "runtime": "NOT RUN", "cluster": "NOT RUN",
+                                              "workload": "NOT RUN"}  # fmt: skip
+    assert doc["per_host"]["sim-pcie-2x-t4"] == "PASS 7/7, 11 NOT RUN"
+    reasons = {g["suite"]: g["reason"] for g in doc["not_run"]}
+    assert "gpufleet_validation_runtime" in reasons["runtime"]
+    assert "gpufleet_validation_cluster" in reasons["cluster"] == reasons["workload"]
+    failure = next(f for f in result.json()["failures"] if f["host"] == "localhost")
+    assert "NOT RUN: runtime, cluster, workload" in failure["message"]
+
+    shown = gpufleet("report", "--report-dir", str(report))
+    assert shown.rc == 1 and "result: could not run (exit 2)" in shown.out, shown.explain()
+    assert "- runtime on sim-pcie-2x-t4 (2 checks): the host's expectations name no" in shown.out
+    assert all(len(line) <= 80 for line in shown.out.splitlines())
+
+
 def test_validate_rejects_unknown_suites_and_notices_a_missing_report(
     gpufleet: Gpufleet, tmp_path: Path
 ) -> None:

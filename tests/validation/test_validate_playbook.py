@@ -104,8 +104,9 @@ def test_expectations_follow_the_device_plugin_configuration_the_host_picks(
 ) -> None:
     """The host's named configuration (gpufleet_device_plugin_config_name) is what validation expects: its
     sharing mode, time-slicing replicas and resource name; and, with runc the default runtime, the
-    RuntimeClass its GPU pods name. Only the expectations are read (no suite runs
-    that needs a host: the cluster suite without a cluster section skips)."""
+    RuntimeClass its GPU pods name. Only the expectations are read: the cluster suite, asked for without
+    gpufleet_validation_cluster, is NOT RUN, and that fails the play naming the variable (before issue 30
+    it skipped and the play passed)."""
     report = tmp_path / "report"
     run = _playbook(
         sim_base, report, "-e", json.dumps({"gpufleet_kubernetes_device_plugin_config": NAMED,
@@ -113,7 +114,11 @@ def test_expectations_follow_the_device_plugin_configuration_the_host_picks(
                                             "nvidia_container_toolkit_default_runtime": False,
                                             "gpufleet_validation_suites": "cluster"}),
     )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 2, run.stdout[-3000:]
+    assert "validation could not run (exit 2); NOT RUN: cluster (the table says why" in run.stdout
+    doc = json.loads((report / "report.json").read_text())
+    assert doc["hosts"] == {h: {"cluster": "NOT RUN"} for h in ("sim-dgx-a100", "sim-pcie-2x-t4")}
+    assert "gpufleet_validation_cluster" in doc["not_run"][0]["reason"]
     hosts = yaml.safe_load((report / "expectations.yml").read_text())["hosts"]
     found = {name: (h["sharing"], str(h["replicas"]), h["resource"]) for name, h in hosts.items()}
     assert found == dict.fromkeys(["sim-dgx-a100", "sim-pcie-2x-t4"], ("time-slicing", "4", "x.io/gpu"))

@@ -108,3 +108,58 @@ def test_missing_expectations_and_unknown_suite_are_could_not_run(tmp_path: Path
     run = validate({"hosts": {}}, tmp_path, "host,bogus")
     assert run.rc == 2
     assert "unknown suites bogus" in run.table
+
+
+def test_suites_the_expectations_cannot_feed_are_not_run_never_passed(
+    sim_root: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """No runtime for one host and no cluster section: with all four suites asked for (the default), the
+    runtime checks of that host and every cluster and workload check are NOT RUN, with the reason naming the
+    setting, in the table, the JSON and JUnit; the run is "could not run" (exit 2), not a pass. The
+    operator's --suites leaving them out is what makes the same host suite a pass."""
+    t4 = sim_root("pcie-2x-t4")
+    hosts = {"t4": sim_host(t4, gpu_count=2, gpu_model="T4", driver_version=DRIVER)}
+    run = validate({"hosts": hosts}, tmp_path / "all", "host,runtime,cluster,workload")
+    assert run.rc == 2, run.proc.stdout + run.proc.stderr
+    doc = run.report
+    assert doc["status"] == "could not run" and doc["exit_code"] == 2
+    assert doc["hosts"]["t4"] == {"host": "PASS 7/7", "runtime": "NOT RUN", "cluster": "NOT RUN",
+                                  "workload": "NOT RUN"}  # fmt: skip
+    assert doc["counts"]["not run"] == 2 + 4 + 5 and doc["not_asked"] == []
+    groups = {g["suite"]: g for g in doc["not_run"]}
+    assert list(groups) == ["runtime", "cluster", "workload"]
+    no_runtime = groups["runtime"]
+    assert no_runtime["targets"] == ["t4"]
+    assert "docker or containerd (playbook variable gpufleet_validation_runtime" in no_runtime["reason"]
+    assert "gpufleet_validation_cluster" in groups["cluster"]["reason"] == groups["workload"]["reason"]
+    assert all(c["outcome"] == "not run" for c in doc["checks"] if c["suite"] != "host")
+    # the table: the cells, and why, within 80 columns
+    table = run.table
+    assert "t4    whole  PASS 7/7     NOT RUN      NOT RUN      NOT RUN" in table
+    assert "NOT RUN (set what each line names" in table and "result: could not run (exit 2)" in table
+    assert "- runtime on t4 (2 checks): the host's expectations name no container runtime" in table
+    assert all(len(line) <= 80 for line in table.splitlines())
+    # JUnit: a skip whose message starts NOT RUN, and the property outcome=not run
+    junit = ET.parse(run.report_dir / "junit.xml").getroot()
+    cases = {c.get("name"): c for c in junit.iter("testcase")}
+    runtime = cases["test_nvidia_runtime_configured[t4]"]
+    assert runtime.find("skipped").get("message").startswith("NOT RUN: the host's expectations name no")
+    props = {p.get("name"): p.get("value") for p in runtime.iter("property")}
+    assert props["outcome"] == "not run" and props["suite"] == "runtime"
+    assert not cases["test_gpu_count[t4]"].findall("skipped")
+
+    # a runtime for the host: its runtime checks run (and fail: the sim host has no docker); cluster and
+    # workload still not run
+    hosts["t4"]["runtime"] = "docker"
+    hosts["t4"]["docker_host"] = f"unix://{tmp_path}/no-docker.sock"
+    some = validate({"hosts": hosts}, tmp_path / "some", "host,runtime,cluster")
+    assert some.rc == 1, some.proc.stdout
+    assert some.report["hosts"]["t4"]["runtime"].startswith("FAIL")
+    assert some.report["not_asked"] == ["workload"]
+    assert [g["suite"] for g in some.report["not_run"]] == ["cluster"]
+
+    # asked for the host suite only: a pass, and the table says which suites were left out
+    only = validate({"hosts": hosts}, tmp_path / "host", "host")
+    assert only.rc == 0 and only.report["status"] == "pass" and only.report["not_run"] == []
+    assert only.report["not_asked"] == ["runtime", "cluster", "workload"]
+    assert "left out (--suites, gpufleet_validation_suites): runtime, cluster, workload\n" in only.table

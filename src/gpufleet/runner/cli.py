@@ -53,6 +53,11 @@ inventory and each host's GPU facts, the testinfra suites, and a report
 (report.json, junit.xml, report.txt) in --report-dir. Ends with the per-host
 table (Ansible's counts and each host's validation result), then the
 validation table. --limit picks the hosts to validate (gpufleet_target).
+
+A suite asked for (all four unless --suites) that the inventory gives
+nothing to check is NOT RUN, with the reason and the variable to set
+(gpufleet_validation_runtime, gpufleet_validation_cluster): never a pass,
+exit 1. Leave such a suite out with --suites.
 """
 
 REPORT_HELP = """\
@@ -60,9 +65,9 @@ Print the last validation report (the per-host table) without running
 anything.
 
 exit codes:
-  0    every check passed (or was skipped)
-  1    the report is not green: a check failed or errored, or the suites
-       could not run
+  0    every check passed (or was skipped as not applicable)
+  1    the report is not green: a check failed or errored, a suite asked
+       for did not run (NOT RUN), or the suites could not run
   2    no report in the directory, or it cannot be read
 """
 
@@ -219,7 +224,8 @@ def load_report(directory: Path) -> tuple[dict[str, Any], Report]:
     if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
         raise ValueError("report.json is not a validation report (no 'checks')")
     hosts = doc.get("hosts") or {}
-    suites = next((tuple(v) for v in hosts.values() if isinstance(v, Mapping)), SUITES)
+    suites = tuple(doc["suites"]) if isinstance(doc.get("suites"), list) else next(
+        (tuple(v) for v in hosts.values() if isinstance(v, Mapping)), SUITES)
     checks = [Check(**{k: c[k] for k in Check.__dataclass_fields__ if k in c}) for c in doc["checks"]]
     modes = {str(k): str(v) for k, v in (doc.get("modes") or {}).items()}
     return doc, Report(checks=checks, problems=list(doc.get("problems") or []), suites=suites, modes=modes)
@@ -278,7 +284,8 @@ def _validate(args: argparse.Namespace) -> int:
         out = _document("validate", outcome, code)
         out["validation"] = None if doc is None else {
             "report_dir": str(report_dir), "status": doc.get("status"), "exit_code": doc.get("exit_code"),
-            "counts": doc.get("counts"), "problems": doc.get("problems"), "hosts": doc.get("hosts"),
+            "counts": doc.get("counts"), "problems": doc.get("problems"), "not_run": doc.get("not_run", []),
+            "not_asked": doc.get("not_asked", []), "hosts": doc.get("hosts"),
             "per_host": {h: progress.validation_cell(doc["checks"], h) for h in (doc.get("hosts") or {})},
         }
         if note:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from gpufleet.runner.run import Failure, HostStats, PlayState, RunResult, Tracker
+from gpufleet.validation.report import NOT_RUN
 
 WIDTH = 80
 MESSAGE_LINES = 12  # lines of one failure's message shown (the whole of it is in --json and the artifacts)
@@ -137,20 +138,22 @@ class Progress:
 
 
 def validation_cell(checks: Iterable[Mapping[str, Any]], host: str) -> str:
-    """One host's validation over all suites: ``PASS 8/8``, ``FAIL 7/8``, ``ERROR 3/4``, ``SKIP`` or ``-``."""
+    """One host's validation over all suites: ``PASS 8/8``, ``FAIL 7/8``, ``ERROR 3/4``, ``SKIP`` or ``-``;
+    checks that did not run are added (``PASS 8/8, 11 NOT RUN``), or are all there is (``NOT RUN``)."""
     mine = [c for c in checks if c.get("target") == host]
     if not mine:
         return "-"
-    ran = [c for c in mine if c.get("outcome") != "skipped"]
+    not_run = sum(c.get("outcome") == NOT_RUN for c in mine)
+    ran = [c for c in mine if c.get("outcome") not in ("skipped", NOT_RUN)]
     if not ran:
-        return "SKIP"
+        return "NOT RUN" if not_run else "SKIP"
     passed = sum(c.get("outcome") == "passed" for c in ran)
     word = "PASS"
     if any(c.get("outcome") == "failed" for c in ran):
         word = "FAIL"
     elif any(c.get("outcome") == "error" for c in ran):
         word = "ERROR"
-    return f"{word} {passed}/{len(ran)}"
+    return f"{word} {passed}/{len(ran)}" + (f", {not_run} NOT RUN" if not_run else "")
 
 
 _COLUMNS = (("OK", "ok", 5), ("CHANGED", "changed", 9), ("FAILED", "failed", 8),

@@ -42,8 +42,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (or SIGTERM): the run was cancelled
 
 EXIT_CODES_HELP = """\
 exit codes:
-  0    success (validate: every check passed)
-  1    a host failed a task, or a validation check failed
+  0    success (validate: every check of the suites asked for ran and passed)
+  1    a host failed a task, or a validation check failed or did not run
   2    usage, inventory or playbook error (nothing ran on any host)
   3    a host was unreachable (wins over 1)
   4    runner or internal error (e.g. ansible-playbook not found)

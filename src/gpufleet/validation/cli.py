@@ -20,6 +20,8 @@ import gpufleet
 from gpufleet.validation.report import (
     CLUSTER_TARGET,
     EXIT_NOT_RUN,
+    NOT_RUN,
+    NOT_RUN_PREFIX,
     SUITES,
     Report,
     checks_from,
@@ -67,8 +69,11 @@ class Collector:
         )
         record["seconds"] = round(record["seconds"] + report.duration, 3)
         if report.skipped and record["outcome"] == "passed":
-            record["outcome"] = "skipped"
-            record["message"] = _skip_reason(report.longrepr)
+            reason = _skip_reason(report.longrepr)
+            if reason.startswith(NOT_RUN_PREFIX):  # applies, but the expectations lack its input
+                record["outcome"], record["message"] = NOT_RUN, reason.removeprefix(NOT_RUN_PREFIX)
+            else:
+                record["outcome"], record["message"] = "skipped", reason
         elif report.failed:
             outcome = "failed" if report.when == "call" else "error"
             if record["outcome"] not in ("failed", "error"):

@@ -2,7 +2,10 @@
 
 A check is one test of a suite for one host (``test_gpu_count[sim-dgx-a100]``) or for the cluster. Its
 outcome is ``passed``, ``failed`` (the thing checked is wrong), ``error`` (the check could not run: host
-unreachable, API down, bad expectations) or ``skipped`` (does not apply, with the reason).
+unreachable, API down, bad expectations), ``skipped`` (does not apply, with the reason) or ``not run`` (it
+applies, but the expectations lack what it needs, e.g. no ``cluster`` section: the reason names the setting).
+A check that did not run never counts as passed: unless the operator left its suite out (``--suites``,
+``gpufleet_validation_suites``), the run's result is "could not run" (exit 2).
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ CLUSTER_TARGET = "(cluster)"
 WIDTH = 80
 
 EXIT_PASS, EXIT_FAIL, EXIT_NOT_RUN = 0, 1, 2
+NOT_RUN = "not run"
+# A selected check the expectations cannot feed is skipped with this prefix in its reason (see
+# validation/conftest.py); the collector makes such a skip the outcome "not run" (JUnit: a skip, that reason).
+NOT_RUN_PREFIX = "NOT RUN: "
+# Why a check did not run, as the conftest tells it: what was found, what was expected, and what to set.
+NO_CLUSTER = (
+    "the expectations have no cluster section; expected one with a kubeconfig to reach the Kubernetes API "
+    "(playbook variable gpufleet_validation_cluster, expectations key 'cluster')"
+)
 
 
 @dataclass
@@ -45,13 +57,29 @@ class Report:
     modes: dict[str, str] = field(default_factory=dict)
 
     def exit_code(self) -> int:
-        """0: every check passed or was skipped; 1: a check failed; 2: nothing failed but something could
-        not run."""
+        """0: every check passed or was skipped as not applicable; 1: a check failed; 2: nothing failed but
+        something could not run (a problem, a check in error, a selected check not run, or no check)."""
         if any(c.outcome == "failed" for c in self.checks):
             return EXIT_FAIL
-        if self.problems or any(c.outcome == "error" for c in self.checks) or not self.checks:
+        if self.problems or any(c.outcome in ("error", NOT_RUN) for c in self.checks) or not self.checks:
             return EXIT_NOT_RUN
         return EXIT_PASS
+
+    def not_run(self) -> list[dict[str, Any]]:
+        """The checks that did not run, per suite and reason: ``{suite, reason, targets, checks}``."""
+        groups: dict[tuple[str, str], dict[str, Any]] = {}
+        for check in self.checks:
+            if check.outcome != NOT_RUN:
+                continue
+            group = groups.setdefault(
+                (check.suite, check.message),
+                {"suite": check.suite, "reason": check.message, "targets": [], "checks": 0},
+            )
+            group["checks"] += 1
+            if check.target not in group["targets"]:
+                group["targets"].append(check.target)
+        order = {s: i for i, s in enumerate(SUITES)}
+        return sorted(groups.values(), key=lambda g: order.get(g["suite"], len(order)))
 
     @property
     def status(self) -> str:
@@ -73,6 +101,9 @@ class Report:
             "exit_code": self.exit_code(),
             "counts": counts,
             "problems": self.problems,
+            "suites": list(self.suites),
+            "not_asked": [s for s in SUITES if s not in self.suites],
+            "not_run": self.not_run(),
             "hosts": {t: self._host_summary(t) for t in self.targets()},
             **({"modes": dict(self.modes)} if self.modes else {}),
             "checks": [asdict(c) for c in self.checks],
@@ -82,18 +113,21 @@ class Report:
         return {suite: self.cell(target, suite) for suite in self.suites}
 
     def cell(self, target: str, suite: str) -> str:
-        """``PASS 9/9``, ``FAIL 2/9``, ``ERROR``, ``SKIP`` or ``-`` (not run) for one host and suite."""
+        """``PASS 9/9``, ``FAIL 2/9``, ``ERROR 0/9``, ``NOT RUN`` (checks that apply did not run: the table
+        says why), ``SKIP`` (none applies) or ``-`` (no check) for one host and suite."""
         checks = [c for c in self.checks if c.target == target and c.suite == suite]
         if not checks:
             return "-"
-        ran = [c for c in checks if c.outcome != "skipped"]
+        ran = [c for c in checks if c.outcome not in ("skipped", NOT_RUN)]
         passed = sum(c.outcome == "passed" for c in ran)
-        if not ran:
-            return "SKIP"
         if any(c.outcome == "failed" for c in ran):
             return f"FAIL {passed}/{len(ran)}"
         if any(c.outcome == "error" for c in ran):
             return f"ERROR {passed}/{len(ran)}"
+        if any(c.outcome == NOT_RUN for c in checks):
+            return "NOT RUN"
+        if not ran:
+            return "SKIP"
         return f"PASS {passed}/{len(ran)}"
 
     def table(self) -> str:
@@ -122,7 +156,19 @@ class Report:
                 lines += textwrap.wrap(paragraph, WIDTH, initial_indent="    ", subsequent_indent="    ")
         for problem in self.problems:
             lines += textwrap.wrap(problem, WIDTH, initial_indent="- ", subsequent_indent="  ")
+        not_run = self.not_run()
+        if not_run:
+            lines += ["", "NOT RUN (set what each line names, or leave the suite out: --suites)"]
+        for group in not_run:
+            where = ", ".join(group["targets"])
+            head = f"{group['suite']} on {where} ({group['checks']} checks): {group['reason']}"
+            lines += textwrap.wrap(head, WIDTH, initial_indent="- ", subsequent_indent="  ")
         lines.append("")
+        left_out = [s for s in SUITES if s not in self.suites]
+        if left_out:
+            lines += textwrap.wrap(
+                f"left out (--suites, gpufleet_validation_suites): {', '.join(left_out)}", WIDTH
+            )
         lines.append(f"result: {self.status} (exit {self.exit_code()})")
         return "\n".join(lines) + "\n"
 

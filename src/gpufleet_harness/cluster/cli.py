@@ -4,8 +4,8 @@ cluster alone.
 This is the bare Kubernetes lab the tests use (control plane + kubelet nodes in namespaces); the simulated
 GPU fleet is ``gpufleet lab`` (:mod:`gpufleet_harness.lab`).
 
-``up`` runs in the foreground until interrupted (Ctrl-C or ``gpufleet lab down``), then removes everything
-it started. The lab directory holds ``env`` (``export KUBECONFIG=...``) and the logs.
+``up`` runs in the foreground until interrupted (Ctrl-C, or ``gpufleet cluster down`` from another shell),
+then removes everything it started. The lab directory holds ``env`` (``export KUBECONFIG=...``) and the logs.
 """
 
 from __future__ import annotations

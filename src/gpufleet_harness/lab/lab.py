@@ -260,12 +260,13 @@ def _healthy(spec: LabSpec, state: dict[str, Any]) -> bool:
 def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
     sup = state["supervisor"]
     # gpufleet_container_runtime: the runtime the host's kubelet uses, as its installer set it up
-    # (group_vars/all.yml points the runtime validation suite at it).
+    # (group_vars/all.yml points the runtime validation suite at it). Nothing else goes in that nothing
+    # reads: site.yml refuses a gpufleet_* variable no role or playbook reads (the host's fixture is its name
+    # and `gpufleet lab status` says it).
     # nvidia_container_toolkit_default_runtime false: runc stays the default, GPU pods name the RuntimeClass
     # (the validation pods too: playbooks/validate.yml derives it).
     hosts = {
-        h.name: {"ansible_host": spec.container(h), "gpufleet_sim_fixture": h.fixture,
-                 "gpufleet_container_runtime": h.runtime}
+        h.name: {"ansible_host": spec.container(h), "gpufleet_container_runtime": h.runtime}
         | ({"nvidia_container_toolkit_default_runtime": False} if h.runtime_class else {})
         | ({"gpufleet_device_plugin_config_name": h.device_plugin_config} if h.device_plugin_config else {})
         | ({"gpufleet_mig_enabled": True, "nvidia_mig_layout": h.mig_layout} if h.mig_layout else {})

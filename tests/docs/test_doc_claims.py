@@ -1,0 +1,72 @@
+"""Sentences of README.md and docs/ that issue 30 (item 7) found false, held against the code
+they describe."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _text(path: str) -> str:
+    return " ".join((REPO / path).read_text().split())
+
+
+def test_readme_first_screen_has_the_two_commands_and_says_make_must_be_there() -> None:
+    readme = (REPO / "README.md").read_text()
+    first = readme[: readme.index("\n---\n")]
+    block = re.search(r"```sh\n(.*?)```", first, re.S)
+    assert block and [line.split()[0:2] for line in block.group(1).splitlines()] == [["make", "lab"],
+                                                                                     ["make", "test"]]
+    assert "`make` must be there" in first and "apt-get install make" in first
+    assert "python3-venv" in first
+
+
+def test_readme_says_kubelets_run_on_containerd_cri_as_the_lab_does() -> None:
+    hostsetup = (REPO / "src/gpufleet_harness/lab/hostsetup.py").read_text()
+    assert "--container-runtime=remote" in hostsetup and "containerd" in hostsetup
+    readme = _text("README.md")
+    never = readme[readme.index("**Never run**") :].split("- **")[0]
+    assert "CRI with a kubelet" not in never
+    real = readme[readme.index("- **Real**") :].split("- **")[1]
+    for claim in ("Debian 13's 550", "580-server", "nvidia_driver_ubuntu_dkms", "containerd 1.6 through CRI"):
+        assert claim in real, claim
+    assert (REPO / "molecule/nvidia_driver_ubuntu_dkms/molecule.yml").is_file()
+
+
+def test_cluster_help_names_the_command_that_stops_it() -> None:
+    out = subprocess.run([sys.executable, "-m", "gpufleet.cli", "cluster", "--help"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    text = " ".join(out.split())
+    assert "gpufleet cluster down" in text and "gpufleet lab down" not in text
+
+
+def test_cli_doc_points_at_docs_that_describe_lab_build_and_does_not_provision_inventory_sim() -> None:
+    cli = _text("docs/cli.md")
+    assert "`gpufleet lab build` (builds or finds the Kubernetes 1.20 binaries, docs/lab-cluster.md" in cli
+    assert "cluster build" in _text("docs/lab-cluster.md")
+    assert "inventory/sim -e gpufleet_target=gpu_nodes` runs" not in cli
+    sim = yaml.safe_load((REPO / "inventory/sim/hosts.yml").read_text())
+    assert "gpu_nodes" not in sim and "gpufleet_sim" in sim  # as docs/cli.md now says
+
+
+def test_kubernetes_doc_agrees_with_the_extender_deployment_on_service_links() -> None:
+    deployment = yaml.safe_load((REPO / "deploy/extender/deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    assert "`deploy/extender/deployment.yaml` does not set it" not in _text("docs/kubernetes.md")
+
+
+def test_roles_doc_states_the_real_ubuntu_branches() -> None:
+    roles = _text("docs/roles.md")
+    assert "550- and 570-server packages are now transitional shells that depend on 580-server" not in roles
+    assert "550-server one that depends on 570-server" in roles
+    assert "595-server (595.91.07" in roles and "615-server (615.71.09" in roles
+    assert "unit-tested with a stand-in `containerd` binary only" not in roles
+    example = _text("inventory/example/group_vars/all.yml")
+    assert "it sets no RuntimeClass" not in example
+    assert "gpufleet_kubernetes_device_plugin_runtime_class_name" in example
