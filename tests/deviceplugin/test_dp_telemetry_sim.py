@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dp_helpers import FakeKubelet, PluginProcess, inject, materialize_sim, short_dir, wait_for
+from dp_helpers import REPO, FakeKubelet, PluginProcess, inject, materialize_sim, short_dir, wait_for
 from telemetry_helpers import FakePodResources, families, samples, scrape
 
 from gpufleet_harness.cluster.process import free_ports
@@ -63,6 +63,12 @@ def node(sim_library: str) -> Iterator[Node]:
         pods.stop()
         kubelet.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query in deploy/grafana/gpufleet-gpus.json."""
+    doc = json.loads((REPO / "deploy" / "grafana" / "gpufleet-gpus.json").read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p.get("targets", [])]
 
 
 def _gpus_up(node: Node) -> int:
@@ -159,6 +165,11 @@ def test_debians_prometheus_scrapes_every_gpu_and_the_pod_labels(node: Node, tmp
             # the counters' TYPE lines are dcgm-exporter's (no _total suffix), which Prometheus accepts
             meta = prom.api("metadata", metric="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
             assert meta["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"][0]["type"] == "counter"
+            # every query of the shipped Grafana dashboard is valid PromQL with answers here (GPU-memory
+            # shares excepted: this node does not share GPU memory)
+            for title, expr in dashboard_queries():
+                found = prom.query(expr.replace("$node", ".*").replace("$gpu", ".*"))
+                assert found or "gpufleet_pod_gpu_memory_bytes" in expr, f"panel {title!r}: {expr} is empty"
     finally:
         node.pods.pods = []
     assert families(node.metrics())  # the plugin still serves after being scraped
