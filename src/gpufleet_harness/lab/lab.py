@@ -370,7 +370,7 @@ def status(spec: LabSpec) -> dict[str, Any]:
             nodes = node_conditions(state["supervisor"]["kubeconfig"])
         doc["kubeconfig"] = state["supervisor"]["kubeconfig"]
         doc["apiserver"] = state["supervisor"]["apiserver"]["url"]
-        doc["prometheus"] = state["supervisor"]["prometheus"]["url"]
+        doc["prometheus"] = state["supervisor"].get("prometheus", {}).get("url")
     for h in spec.hosts:
         node = nodes.get(h.name, {})
         doc["hosts"][h.name] = {
