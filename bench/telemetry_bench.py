@@ -39,7 +39,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deviceplugin_bench import ENDPOINT, free_port, percentile, plugin_session, time_allocates
+from deviceplugin_bench import ENDPOINT, free_port, percentile, plugin_session, run_fixtures, time_allocates
 
 from gpufleet.deviceplugin.api import podresources_pb2 as pr
 from gpufleet.deviceplugin.api import podresources_pb2_grpc as pr_grpc
@@ -171,15 +171,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs per fixture; medians are printed too")
     args = parser.parse_args()
     print(f"{'':<16}" + " ".join(f"{header:>{width}}" for _, header, width, _ in COLUMNS))
-    for fixture in args.fixtures:
-        results = []
-        for n in range(args.runs):
-            load = os.getloadavg()[0]
-            r = bench(fixture, args.scrapes, args.rounds, args.allocs)
-            results.append(r)
-            print(row(f"{fixture} #{n + 1}" if args.runs > 1 else fixture, r), f" load {load:.1f}")
-        if args.runs > 1:
-            print(row(f"{fixture} median", {k: statistics.median(r[k] for r in results) for k in results[0]}))
+    def measure(fixture: str) -> dict[str, float]:
+        return bench(fixture, args.scrapes, args.rounds, args.allocs)
+
+    run_fixtures(args.fixtures, args.runs, measure, row)
     print(f"load average after the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 
