@@ -12,9 +12,9 @@ largest text a node serves):
    /metrics one after another, each on a new connection as Prometheus makes them to an HTTP/1.0 server.
    Latency at the client; the plugin's CPU over the loop (utime + stime of /proc/<pid>/stat, which keeps the
    time of the per-connection threads once they end) divided by the scrapes.
-2. rounds: telemetry every second for `--rounds` seconds, no scrapes: the plugin's CPU per round (its
-   CPU over the phase, less the idle CPU per second measured in phase 1's quiet first second), and the
-   round's own wall time as the plugin reports it (gpufleet_telemetry_round_seconds).
+2. rounds: `--rounds` collection rounds back to back (Telemetry.tick: every GPU read through NVML, the
+   fake kubelet asked over its socket, the text rendered) in a child process of their own, on the same sim
+   root: wall time and CPU (getrusage of that process, every thread) per round.
 3. Allocate p50/p99 (deviceplugin_bench.time_allocates) with telemetry off, then on at one round a second:
    Allocate makes no NVML call, and the rounds run on threads of their own.
 
@@ -24,9 +24,11 @@ Figures, not assertions. The machine is shared: look at the load printed with ea
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +48,30 @@ from gpufleet.deviceplugin.api import podresources_pb2_grpc as pr_grpc
 from gpufleet_harness.sim import machine
 
 TICK_S = os.sysconf("SC_CLK_TCK")
+# Phase 2, run in a child pointed at the sim root (pynvml reads LD_LIBRARY_PATH once per process).
+ROUNDS = """
+import json, resource, sys, time
+from gpufleet.deviceplugin.rm.nvml_source import NvmlDeviceSource
+from gpufleet.deviceplugin.telemetry.exporter import Settings, Telemetry, nvml_reader
+from gpufleet.deviceplugin.telemetry.pods import AssignmentCache, PodAttributor, PodResourcesClient
+rounds, socket_path = int(sys.argv[1]), sys.argv[2]
+source = NvmlDeviceSource()
+inventory = source.inventory()
+assignments = AssignmentCache(lambda namespace, name: None)
+attribute = PodAttributor(PodResourcesClient(socket_path), {"gpufleet.io/gpu-mem"}, assignments)
+read = nvml_reader(source.nvml)
+telemetry = Telemetry(lambda: inventory, read, dict, attribute, "bench", Settings(1.0, 10.0))
+telemetry.tick()  # NVML handles, the first connection, imports: not a round's cost
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+started, before = time.perf_counter(), cpu()
+for _ in range(rounds):
+    telemetry.tick()
+wall, spent = time.perf_counter() - started, cpu() - before
+assert "pod=" in telemetry.render()
+print(json.dumps({"round_wall_ms": 1000 * wall / rounds, "round_cpu_ms": 1000 * spent / rounds}))
+"""
 
 
 class Kubelet(pr_grpc.PodResourcesListerServicer):
@@ -120,16 +146,13 @@ def bench(fixture: str, scrapes: int, rounds: int, allocs: int) -> dict[str, flo
             out["scrape_p50_ms"] = statistics.median(times) * 1000
             out["scrape_p99_ms"] = percentile(times, 0.99) * 1000
 
-        # 2. rounds every second, no scrapes but one at the end; 3. Allocate with rounds running
+        # 2. rounds back to back, in a process of their own
+        child = subprocess.run([sys.executable, "-c", ROUNDS, str(rounds), socket_path], env=env,
+                               capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+        out.update(json.loads(child.stdout.splitlines()[-1]))
+
+        # 3. Allocate with rounds running every second, then without telemetry
         with plugin_session(env, [*http, "--telemetry-interval", "1"], ENDPOINT, uuids[0]) as (stub, _, proc):
-            before, started = cpu_s(proc.pid), time.monotonic()
-            time.sleep(rounds)
-            spent = cpu_s(proc.pid) - before
-            elapsed = time.monotonic() - started
-            out["round_cpu_ms"] = (spent * 1000 - out["idle_cpu_ms_per_s"] * elapsed) / elapsed
-            [took] = [f for f in text_string_to_metric_families(get(url).decode())
-                      if f.name == "gpufleet_telemetry_round_seconds"]  # fmt: skip
-            out["round_wall_ms"] = took.samples[0].value * 1000
             on = time_allocates(stub, uuids, allocs, proc.pid)
         without = [*http, "--telemetry-enabled", "false"]
         with plugin_session(env, without, ENDPOINT, uuids[0]) as (stub, _, proc):
@@ -166,7 +189,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("fixtures", nargs="*", default=["dgx-a100", "node-40-gpus"])
     parser.add_argument("--scrapes", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=30, help="seconds of one round a second")
+    parser.add_argument("--rounds", type=int, default=50, help="collection rounds timed back to back")
     parser.add_argument("--allocs", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=1, help="runs per fixture; medians are printed too")
     args = parser.parse_args()

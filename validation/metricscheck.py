@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 90.0
@@ -53,13 +54,16 @@ class PrometheusApi:
         """An instant query's samples: each {"metric": {label: value}, "value": [time, "value"]}."""
         return list(self._get("query", query=expr)["result"])
 
-    def wait(self, expr: str) -> tuple[list[dict[str, Any]], float]:
-        """(samples, seconds waited): polls `expr` until it returns samples or the timeout passes."""
+    def wait(
+        self, expr: str, enough: Callable[[list[dict[str, Any]]], bool] = bool
+    ) -> tuple[list[dict[str, Any]], float]:
+        """(samples, seconds waited): polls `expr` until its samples are `enough` (default: any) or the
+        timeout passes (a device plugin just deployed may not have been scraped yet)."""
         started = time.monotonic()
         while True:
             found = self.query(expr)
             waited = time.monotonic() - started
-            if found or waited >= self.timeout_s:
+            if enough(found) or waited >= self.timeout_s:
                 return found, waited
             time.sleep(1.0)
 

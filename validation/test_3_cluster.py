@@ -147,8 +147,13 @@ def test_gpu_series_in_prometheus(target: Target, cluster: Cluster, prometheus: 
     node = _node(target, cluster)
     name, gpus = node["metadata"]["name"], _gpus(target, cluster, node)
     wanted = uuid_regex([uuid for _, uuid in gpus])
+    uuids = {uuid for _, uuid in gpus}
+
+    def every_gpu(found: list[dict[str, Any]]) -> bool:
+        return {s["metric"].get("UUID") for s in found} >= uuids
+
     # the GPU's own series, not a MIG device's (those carry GPU_I_ID)
-    found = prometheus.query(f'{GPU_SERIES}{{UUID=~"{wanted}",GPU_I_ID=""}}')
+    found, waited = prometheus.wait(f'{GPU_SERIES}{{UUID=~"{wanted}",GPU_I_ID=""}}', every_gpu)
     seen = {s["metric"].get("UUID") for s in found}
     missing = [(index, uuid) for index, uuid in gpus if uuid not in seen]
     if missing:
@@ -157,7 +162,7 @@ def test_gpu_series_in_prometheus(target: Target, cluster: Cluster, prometheus: 
         pytest.fail(
             f"{target.name}: node {name}: {_named(missing)} "
             f"{'has' if len(missing) == 1 else 'have'} no {GPU_SERIES} series in Prometheus {prometheus.url} "
-            f"(is the node's device plugin serving /metrics? {where})"
+            f"after {waited:.0f} s (is the node's device plugin serving /metrics? {where})"
         )
     answered = prometheus.query(f'{UP_SERIES}{{UUID=~"{wanted}"}}')
     up = {s["metric"].get("UUID"): s["value"][1] for s in answered}

@@ -116,7 +116,7 @@ def prometheus(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def _with_prometheus(expectations: dict[str, Any], prometheus: Prometheus) -> dict[str, Any]:
-    expectations["cluster"]["prometheus"] = {"url": prometheus.url, "timeout": 60}
+    expectations["cluster"]["prometheus"] = {"url": prometheus.url, "timeout": 20}
     return expectations
 
 
