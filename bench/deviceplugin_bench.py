@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -295,6 +295,25 @@ def row(label: str, r: dict[str, float]) -> str:
     return f"{label:<18}" + " ".join(f"{fmt.format(r[key]):>{width}}" for key, _, width, fmt in COLUMNS)
 
 
+def run_fixtures(
+    fixtures: list[str],
+    runs: int,
+    measure: Callable[[str], dict[str, float]],
+    row: Callable[[str, dict[str, float]], str],
+) -> None:
+    """`measure` each fixture `runs` times, printing a row per run (with the load before it) and, for
+    several runs, a row of medians."""
+    for fixture in fixtures:
+        results = []
+        for n in range(runs):
+            load = os.getloadavg()[0]
+            r = measure(fixture)
+            results.append(r)
+            print(row(f"{fixture} #{n + 1}" if runs > 1 else fixture, r), f" load {load:.1f}")
+        if runs > 1:
+            print(row(f"{fixture} median", {k: statistics.median(r[k] for r in results) for k in results[0]}))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("fixtures", nargs="*", default=["dgx-a100", "node-40-gpus"])
@@ -309,15 +328,7 @@ def main() -> int:
         # Before any thread or the plugin exists: both inherit the policy.
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
     print(f"{'':<18}" + " ".join(f"{header:>{width}}" for _, header, width, _ in COLUMNS))
-    for fixture in args.fixtures:
-        results = []
-        for n in range(args.runs):
-            load = os.getloadavg()[0]
-            r = bench(fixture, args.allocs, args.xids)
-            results.append(r)
-            print(row(f"{fixture} #{n + 1}" if args.runs > 1 else fixture, r), f" load {load:.1f}")
-        if args.runs > 1:
-            print(row(f"{fixture} median", {k: statistics.median(r[k] for r in results) for k in results[0]}))
+    run_fixtures(args.fixtures, args.runs, lambda fixture: bench(fixture, args.allocs, args.xids), row)
     print(
         f"load average after the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         + (" (bench and plugin SCHED_FIFO)" if args.realtime else "")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import testinfra
 from hostcheck import Target
+from metricscheck import PrometheusApi
 from podcheck import Cluster
 
 from gpufleet.validation.report import (
@@ -140,3 +141,13 @@ def cluster(expectations: dict[str, Any]) -> Iterator[Cluster]:
         yield the_cluster
     finally:
         the_cluster.close()
+
+
+@pytest.fixture(scope="session")
+def prometheus(expectations: dict[str, Any]) -> PrometheusApi:
+    """The Prometheus of the expectations' ``cluster.prometheus`` section; without one the GPU metrics checks
+    do not apply (the fleet has no Prometheus of gpufleet's to check)."""
+    settings = (expectations.get("cluster") or {}).get("prometheus") or {}
+    if not settings:
+        pytest.skip("no cluster.prometheus in the expectations: GPU metrics not checked")
+    return PrometheusApi(dict(settings))

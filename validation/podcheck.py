@@ -18,7 +18,7 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,24 @@ class Cluster:
             with contextlib.suppress(ApiException):
                 self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {"annotations": RELEASE}})
         return [self._wait(name, max(deadline - time.monotonic(), 0) + HOLD_SLACK) for name in names]
+
+    @contextlib.contextmanager
+    def held_gpu_pod(
+        self, purpose: str, limits: dict[str, str], *, node: str, runtime_class: str | None = None
+    ) -> Iterator[PodRun]:
+        """A GPU pod that holds its devices while the block runs: yields it once Running (or why not, in
+        ``problem``), releases it afterwards (it then exits; ``close`` deletes it)."""
+        name = self._create_gpu_pod(purpose, limits, node=node, hold=True, runtime_class=runtime_class)
+        try:
+            deadline = time.monotonic() + self._timeout
+            pod = self._poll([name], lambda phase: phase in ("Running", *ENDED), deadline)[name]
+            phase = pod.get("status", {}).get("phase", "Pending")
+            where = (pod.get("spec") or {}).get("nodeName")
+            problem = "" if phase == "Running" else self._why(pod, self._timeout)
+            yield PodRun(name, where, phase, pod, "", problem)
+        finally:
+            with contextlib.suppress(ApiException):
+                self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {"annotations": RELEASE}})
 
     @property
     def _timeout(self) -> float:

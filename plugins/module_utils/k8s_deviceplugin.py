@@ -22,9 +22,11 @@ expects on each node what the configuration its label picks serves.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import re
 import reprlib
 import tempfile
@@ -61,6 +63,9 @@ CONFIG_KEY = "config.yaml"
 CONFIG_DIR = "/etc/gpufleet"
 SOCKET_DIR = "/var/lib/kubelet/device-plugins"
 CONFIG_HASH_ANNOTATION = "gpufleet.io/config-sha256"
+# The kubelet's PodResources socket (the plugin's telemetry.pod_resources_socket default): its directory is
+# mounted where telemetry serves pod labels.
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_TOLERATIONS = [
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
@@ -133,6 +138,7 @@ class PluginShape:
     labels: bool
     memory: bool
     metrics_port: int
+    pod_resources_dir: str = ""  # the kubelet's PodResources directory to mount ("": telemetry has no use)
 
 
 def plugin_config(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,8 +189,27 @@ def _name(value: Any, what: str) -> str:
 
 
 def shape_of(cfg: Mapping[str, Any]) -> PluginShape:
-    """Resource name, devices per GPU and API needs, from the plugin config (defaults as the plugin's);
-    ParameterError when a value the module reads here has the wrong type or range."""
+    """Resource name, devices per GPU, API needs and telemetry's mount, from the plugin config (defaults as
+    the plugin's); ParameterError when a value the module reads here has the wrong type or range."""
+    shape = _resource_shape(cfg)
+    return dataclasses.replace(shape, pod_resources_dir=_pod_resources_dir(cfg, shape.metrics_port))
+
+
+def _pod_resources_dir(cfg: Mapping[str, Any], port: int) -> str:
+    """Where the kubelet's PodResources socket is, when the plugin serves GPU series with pod labels: with
+    an HTTP port, telemetry enabled (the default) and a socket configured (the default one)."""
+    telemetry = _section(cfg, "telemetry")
+    enabled = _flag(telemetry.get("enabled", True), "plugin_config.telemetry.enabled")
+    socket = telemetry.get("pod_resources_socket", POD_RESOURCES_SOCKET)
+    if not isinstance(socket, str) or (socket and not socket.startswith("/")):
+        raise ParameterError(
+            "plugin_config.telemetry.pod_resources_socket: an absolute path or empty, "
+            f"got {reprlib.repr(socket)}"
+        )
+    return posixpath.dirname(socket) if port and enabled and socket else ""
+
+
+def _resource_shape(cfg: Mapping[str, Any]) -> PluginShape:
     sharing = _section(cfg, "sharing")
     mode = sharing.get("mode", "none")
     labels = _flag(_section(cfg, "labels").get("enabled", True), "plugin_config.labels.enabled")
@@ -386,7 +411,10 @@ def build_objects(
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {CONFIG_HASH_ANNOTATION: hashlib.sha256(config_text.encode()).hexdigest()},
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: hashlib.sha256(config_text.encode()).hexdigest(),
+                        **scrape_annotations(shape),
+                    },
                 },
                 "spec": pod_spec(params, shape),
             },
@@ -398,6 +426,15 @@ def build_objects(
     (wanted if named else unwanted).extend([event_role, event_binding])
     wanted += [configmap, daemonset]
     return wanted, unwanted
+
+
+def scrape_annotations(shape: PluginShape) -> dict[str, str]:
+    """The annotations a Prometheus scrape config keys on (deploy/prometheus/scrape-config.yaml), where the
+    plugin serves /metrics."""
+    if not shape.metrics_port:
+        return {}
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(shape.metrics_port),
+            "prometheus.io/path": "/metrics"}  # fmt: skip
 
 
 def runtime_class_objects(params: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -446,6 +483,11 @@ def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
         {"name": "host-dev", "hostPath": {"path": os.path.join(host_root, "dev")}},
         {"name": "config", "configMap": {"name": params["name"]}},
     ]
+    if shape.pod_resources_dir:
+        # Read-only, as dcgm-exporter's chart mounts it: connect() on a unix socket works through a read-only
+        # bind mount (checked on this machine's kernel). The kubelet creates the directory.
+        mounts.append({"name": "pod-resources", "mountPath": shape.pod_resources_dir, "readOnly": True})
+        volumes.append({"name": "pod-resources", "hostPath": {"path": shape.pod_resources_dir}})
     for extra in params["extra_volumes"]:
         mounts.append(
             {

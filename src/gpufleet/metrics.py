@@ -24,7 +24,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _series(name: str, labels: Labels, value: float) -> str:
+def series(name: str, labels: Labels, value: float) -> str:
+    """One sample line of the text format: `name{k="v",...} value` (labels in the order given)."""
     body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
     number = repr(float(value)) if value != int(value) else str(int(value))
     return f"{name}{{{body}}} {number}" if body else f"{name} {number}"
@@ -91,20 +92,20 @@ class Metrics:
         lines: list[str] = []
         for name in sorted(values):
             lines += self._header(name, "untyped")
-            lines += [_series(name, labels, v) for labels, v in sorted(values[name])]
+            lines += [series(name, labels, v) for labels, v in sorted(values[name])]
         for name in sorted(histograms):
             lines += self._header(name, "histogram")
             for labels, row in sorted(histograms[name]):
                 for bound, count in zip(BUCKETS, row, strict=False):
-                    lines.append(_series(f"{name}_bucket", (*labels, ("le", repr(bound))), count))
-                lines.append(_series(f"{name}_bucket", (*labels, ("le", "+Inf")), row[-2]))
-                lines.append(_series(f"{name}_count", labels, row[-2]))
-                lines.append(_series(f"{name}_sum", labels, row[-1]))
+                    lines.append(series(f"{name}_bucket", (*labels, ("le", repr(bound))), count))
+                lines.append(series(f"{name}_bucket", (*labels, ("le", "+Inf")), row[-2]))
+                lines.append(series(f"{name}_count", labels, row[-2]))
+                lines.append(series(f"{name}_sum", labels, row[-1]))
         seen: set[str] = set()
         for source in self._gauges:
             for name, text, labels, value in source():
                 if name not in seen:
                     lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
                     seen.add(name)
-                lines.append(_series(name, labels, value))
+                lines.append(series(name, labels, value))
         return "\n".join(lines) + "\n"

@@ -488,6 +488,35 @@ def memory_node(core: k8s.CoreV1Api, kubelet_node: KubeletNode) -> Iterator[Kube
     core.patch_node(kubelet_node.name, {"metadata": {"labels": labels, "annotations": annotations}})
 
 
+def bind_as_the_extender(
+    core: k8s.CoreV1Api,
+    gpu_pods: Callable[..., k8s.V1Pod],
+    namespace: str,
+    node: str,
+    name: str,
+    gib: int,
+    target: str,
+) -> str:
+    """What the extender does at bind (docs/handoff.md), for a GPU-memory pod ``name`` of ``gib`` GiB on GPU
+    ``target``: a pod nobody schedules, the node's lock taken with the Node's resourceVersion as
+    precondition, the assignment on the pod, then the Binding. Returns the pod's UID."""
+    uid: str = _plain(gpu_pods(name, {GPU_MEM: str(gib)}, scheduler_name="nobody"))["metadata"]["uid"]
+    rv = _plain(core.read_node(node))["metadata"]["resourceVersion"]
+    lock = f"{uid} {namespace}/{name} {int(time.time()) + 120}"
+    core.patch_node(node, {"metadata": {"resourceVersion": rv, "annotations": {LOCK_ANNOTATION: lock}}})
+    assignment = {"node": node, "containers": [{"name": "c", "gpu_mem_gib": gib, "gpus": [target]}],
+                  "ts": time.time()}  # fmt: skip
+    core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {
+        ASSIGNMENT_ANNOTATION: json.dumps(assignment)}}})  # fmt: skip
+    binding = k8s.V1Binding(
+        metadata=k8s.V1ObjectMeta(name=name),
+        target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    reply: Any = core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
+    assert reply.status == 201
+    return uid
+
+
 def test_gpu_memory_pod_gets_the_gpu_the_extender_assigned(
     core: k8s.CoreV1Api,
     control_plane: ControlPlane,
@@ -518,23 +547,8 @@ def test_gpu_memory_pod_gets_the_gpu_the_extender_assigned(
     assert meta["labels"]["gpufleet.io/gpu-sharing"] == "memory"
     assert meta["labels"]["gpufleet.io/lab-node"] == "true"
 
-    # What the extender does at bind (docs/handoff.md): a pod nobody schedules, the node's lock taken with
-    # the Node's resourceVersion as precondition, the assignment on the pod, then the Binding.
     target = plugin.uuids[5]  # not what the kubelet's own pick (GPU 0's units) would suggest
-    uid = _plain(gpu_pods("mem", {GPU_MEM: "4"}, scheduler_name="nobody"))["metadata"]["uid"]
-    rv = _plain(core.read_node(node))["metadata"]["resourceVersion"]
-    lock = f"{uid} {namespace}/mem {int(time.time()) + 120}"
-    core.patch_node(node, {"metadata": {"resourceVersion": rv, "annotations": {LOCK_ANNOTATION: lock}}})
-    assignment = {"node": node, "containers": [{"name": "c", "gpu_mem_gib": 4, "gpus": [target]}],
-                  "ts": time.time()}  # fmt: skip
-    core.patch_namespaced_pod("mem", namespace, {"metadata": {"annotations": {
-        ASSIGNMENT_ANNOTATION: json.dumps(assignment)}}})  # fmt: skip
-    binding = k8s.V1Binding(
-        metadata=k8s.V1ObjectMeta(name="mem"),
-        target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
-    )
-    reply: Any = core.create_namespaced_pod_binding("mem", namespace, binding, _preload_content=False)
-    assert reply.status == 201
+    uid = bind_as_the_extender(core, gpu_pods, namespace, node, "mem", 4, target)
 
     view = wait_running_report(core, namespace, "mem")
     assert view.visible == [target], view

@@ -430,3 +430,26 @@ def test_named_wait_names_each_short_node_with_its_configuration() -> None:
     nodes, warnings = k8s_deviceplugin.wait_named_resources(kube, named, gpus, 0, explain)  # type: ignore[arg-type]
     assert nodes["b"] == {"config": "sliced", "resource": "nvidia.com/gpu", "capacity": 8, "allocatable": 8}
     assert warnings == []
+
+
+def test_telemetry_gets_the_pod_resources_mount_and_scrape_annotations_where_metrics_are_served() -> None:
+    cfg = k8s_deviceplugin.plugin_config(_dp_params(plugin_config={"http": {"port": 9402}}))
+    shape = k8s_deviceplugin.shape_of(cfg)
+    spec = k8s_deviceplugin.pod_spec(_dp_params(), shape)
+    [volume] = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources"}
+    [mount] = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+    wanted, _ = k8s_deviceplugin.build_objects(_dp_params(plugin_config={"http": {"port": 9402}}), cfg)
+    [daemonset] = [o for o in wanted if o["kind"] == "DaemonSet"]
+    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9402"
+    # no /metrics, telemetry off, or no socket: no mount, no annotations
+    for config in ({}, {"http": {"port": 9402}, "telemetry": {"enabled": False}},
+                   {"http": {"port": 9402}, "telemetry": {"pod_resources_socket": ""}}):  # fmt: skip
+        shape = k8s_deviceplugin.shape_of(k8s_deviceplugin.plugin_config(_dp_params(plugin_config=config)))
+        volumes = k8s_deviceplugin.pod_spec(_dp_params(), shape)["volumes"]
+        assert all(v["name"] != "pod-resources" for v in volumes)
+    assert k8s_deviceplugin.scrape_annotations(k8s_deviceplugin.shape_of({})) == {}
+    with pytest.raises(k8s_deviceplugin.ParameterError, match="pod_resources_socket: an absolute path"):
+        k8s_deviceplugin.shape_of({"http": {"port": 1}, "telemetry": {"pod_resources_socket": "k.sock"}})

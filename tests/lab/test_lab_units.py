@@ -18,7 +18,7 @@ import yaml
 from gpufleet_harness.cluster import cri as crimod
 from gpufleet_harness.lab import hostsetup
 from gpufleet_harness.lab import lab as fleetlab
-from gpufleet_harness.lab.spec import DEFAULT_HOSTS, HostSpec, LabSpec
+from gpufleet_harness.lab.spec import DEFAULT_HOSTS, METRICS_PORT, HostSpec, LabSpec
 from gpufleet_harness.sim import machine as simmachine
 from gpufleet_harness.sim.miglayout import make_layout
 from gpufleet_harness.testhosts import nvidia_packages
@@ -131,6 +131,7 @@ def _state() -> dict:
             "apiserver": {"port": 6443, "url": "https://127.0.0.1:6443"},
             "repo": {"url": "http://10.0.2.2:8080"},
             "scheduler": {"kubeconfig": "/k/s", "manifest": "/m/kube-scheduler.yaml", "secure_port": 10259},
+            "prometheus": {"url": "http://127.0.0.1:9090", "port": 9090},
         },
         "extender": {"host": "dgx-a100", "port": 40000},
         "gpufleet_image": "gpufleet-lab/gpufleet:abc",
@@ -177,6 +178,10 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert "lab-mixed" in hostvars["nvidia_mig_config"]["mig-configs"]
     assert not any("gpufleet_mig_enabled" in h for n, h in gpu_hosts.items() if n != "dgx-a100")
     assert "gpufleet_target" not in hostvars  # plays pick hosts before group_vars apply: never set it there
+    # the cluster suite's metrics checks ask the lab's Prometheus, which scrapes the plugins' http.port
+    assert hostvars["gpufleet_lab"]["prometheus_url"] == "http://127.0.0.1:9090"
+    assert "gpufleet_lab.prometheus_url" in hostvars["gpufleet_validation_cluster"]["prometheus"]["url"]
+    assert hostvars["gpufleet_kubernetes_device_plugin_config"]["http"]["port"] == METRICS_PORT
 
 
 @pytest.mark.root

@@ -1,13 +1,15 @@
 """The cluster and workload suites against the lab: real kube-apiserver, kube-scheduler with the extender,
 kubelets with simulated GPUs, everything deployed by gpufleet's modules through ansible-playbook.
 
-gpu-a (dgx-a100, whole GPUs) and gpu-b (pcie-2x-t4, GPU-memory sharing): the suites pass; then the
-whole-GPU plugin is removed and the cluster suite fails naming gpu-a.
+gpu-a (dgx-a100, whole GPUs) and gpu-b (pcie-2x-t4, GPU-memory sharing): the suites pass, with Debian's
+Prometheus scraping both plugins' /metrics for the GPU metrics checks; then the whole-GPU plugin is removed
+and the cluster suite fails naming gpu-a, and the metrics check naming its GPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +20,14 @@ from kubernetes.client.rest import ApiException
 from labstack import SIM_DIR, LabStack, run_tasks, timed, wait_until
 from validation_run import validate
 
+from gpufleet_harness.prometheus import Prometheus, ScrapeTarget
+
 pytestmark = pytest.mark.cluster
 
 DP = "gpufleet.nvidia.gpu_device_plugin"
 NAMESPACE = "gpufleet-system"
 EXT = "gpufleet.nvidia.gpu_scheduler_extender"
+METRICS_PORT = 9402  # the plugins' /metrics, on each node's network (host network pods)
 
 
 def _plugin_args(
@@ -40,7 +45,7 @@ def _plugin_args(
         "extra_volumes": stack.sim_volumes(),
         "node_selector": selector,
         "expected_gpus": expected,
-        "plugin_config": {"http": {"port": 0}, **config},
+        "plugin_config": {"http": {"port": METRICS_PORT}, "telemetry": {"interval": 1}, **config},
         "wait_timeout": 180,
     }
 
@@ -52,6 +57,7 @@ def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
     tmp = tmp_path_factory.mktemp("deploy")
     nodes = stack.nodes()
     stack.expose_probe_port(8800)
+    stack.expose_probe_port(METRICS_PORT)  # the plugins' liveness probe (/healthz beside /metrics)
     whole = _plugin_args(stack, "gpufleet-device-plugin", {"gpufleet.io/lab-gpus": "whole"}, {"gpu-a": 8}, {})
     memory = _plugin_args(
         stack,
@@ -100,6 +106,20 @@ def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
                        lambda: not core.list_namespaced_pod(NAMESPACE).items, 180)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def prometheus(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """Debian's Prometheus scraping both nodes' device plugins, each target labelled with its node."""
+    nodes = stack.nodes()
+    targets = [ScrapeTarget(f"{n.node.peer_ip}:{METRICS_PORT}", {"node": name}) for name, n in nodes.items()]
+    with Prometheus(tmp_path_factory.mktemp("prometheus"), targets, interval_s=1) as server:
+        yield server
+
+
+def _with_prometheus(expectations: dict[str, Any], prometheus: Prometheus) -> dict[str, Any]:
+    expectations["cluster"]["prometheus"] = {"url": prometheus.url, "timeout": 20}
+    return expectations
+
+
 def _expectations(stack: LabStack) -> dict[str, Any]:
     return {
         "hosts": {
@@ -138,8 +158,25 @@ def test_cluster_and_workload_suites_pass_on_the_lab(
     assert run.report["hosts"]["gpu-b"] == {"cluster": "PASS 4/4", "workload": "PASS 1/1"}
 
 
+METRICS_CHECKS = ("gpu_series_in_prometheus", "gpu_pod_series_carry_its_pod_and_namespace")
+
+
+def test_gpu_metrics_checks_pass_with_prometheus_scraping_the_plugins(
+    stack: LabStack, deployed: dict[str, Any], prometheus: Prometheus, tmp_path: Path
+) -> None:
+    prometheus.wait_for('count(DCGM_FI_DEV_FB_USED{node="gpu-a"}) == 8', 120)
+    expectations = _with_prometheus(_expectations(stack), prometheus)
+    with timed(stack.timings, "validation: cluster suite with GPU metrics"):
+        run = validate(expectations, tmp_path, "cluster")
+    assert run.rc == 0, run.proc.stdout[-4000:] + run.proc.stderr[-2000:]
+    for host in ("gpu-a", "gpu-b"):
+        for check in METRICS_CHECKS:
+            assert run.outcomes()[(host, check)] == "passed", run.table
+    assert run.report["hosts"]["gpu-b"] == {"cluster": "PASS 6/6"}
+
+
 def test_plugin_killed_fails_the_cluster_suite_naming_the_node(
-    stack: LabStack, deployed: dict[str, Any], tmp_path: Path
+    stack: LabStack, deployed: dict[str, Any], prometheus: Prometheus, tmp_path: Path
 ) -> None:
     core = stack.control_plane.core_v1()
     removed = run_tasks([{DP: {**deployed["whole"], "state": "absent", "wait_timeout": 60}}], tmp_path).task()
@@ -162,6 +199,19 @@ def test_plugin_killed_fails_the_cluster_suite_naming_the_node(
         "the device plugin is not running or not registered on it"
     )
     assert "gpu-a cluster/gpu_allocatable: FAILED" in run.table
+
+    # gpu-a's exporter went with its plugin: the metrics check names every one of its GPUs, gpu-b passes
+    machine = json.loads((stack.nodes()["gpu-a"].sim_root / "machine.json").read_text())
+    uuids = [g["uuid"] for g in machine["gpus"]]
+    wait_until("gpu-a's scrape target down", lambda: not prometheus.query('up{node="gpu-a"} == 1'), 60)
+    run = validate(_with_prometheus(_expectations(stack), prometheus), tmp_path / "metrics", "cluster",
+                   "--", "-k", "gpu_series_in_prometheus")  # fmt: skip
+    assert run.rc == 1
+    assert run.outcomes()[("gpu-b", "gpu_series_in_prometheus")] == "passed", run.table
+    message = run.message("gpu-a", "gpu_series_in_prometheus")
+    assert message.startswith("gpu-a: node gpu-a: GPU 0 ("), message
+    assert all(uuid in message for uuid in uuids), message
+    assert "no DCGM_FI_DEV_FB_USED series in Prometheus" in message and "is down" in message, message
 
 
 def test_time_sliced_node_passes_with_pods_sharing_a_gpu(

@@ -23,7 +23,14 @@ from gpufleet.deviceplugin.plugin.kubelet import Supervisor
 from gpufleet.deviceplugin.plugin.server import DevicePluginService, PluginServer, Wakeup
 from gpufleet.deviceplugin.rm.devices import ResourceKind
 from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager, StartSettings
-from gpufleet.deviceplugin.rm.model import DeviceSource, SourceUnavailable
+from gpufleet.deviceplugin.rm.model import DeviceSource, GpuInfo, SourceUnavailable
+from gpufleet.deviceplugin.telemetry.exporter import GpuSample, Settings, Telemetry, hostname, nvml_reader
+from gpufleet.deviceplugin.telemetry.pods import (
+    API_TIMEOUT_S,
+    AssignmentCache,
+    PodAttributor,
+    PodResourcesClient,
+)
 from gpufleet.handoff import SHARING_LABEL
 from gpufleet.kubeconfig import api_client
 from gpufleet.logs import log_event, setup_logging
@@ -60,8 +67,11 @@ class App:
         metrics: Metrics | None = None,
         label_watcher: Callable[..., Any] = NodeLabelWatcher,
         label_wait_s: float = FIRST_LABEL_WAIT_S,
+        telemetry_reader: Callable[[GpuInfo], GpuSample] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.telemetry_reader = telemetry_reader  # tests read scripted GPUs; else NVML through the source
+        self.telemetry: Telemetry | None = None
         self.label_wait_s = label_wait_s
         self.label_watcher = label_watcher  # NodeLabelWatcher's signature; tests drive the label by hand
         self.metrics = metrics or Metrics()
@@ -117,8 +127,13 @@ class App:
         try:
             self._resolve_mig()
             if self.cfg.http_port:
-                http = HttpEndpoint(self.cfg.http_address, self.cfg.http_port, self.metrics, self.healthz)
+                self.telemetry = self._telemetry()
+                extra = self.telemetry.render if self.telemetry else None
+                address, port = self.cfg.http_address, self.cfg.http_port
+                http = HttpEndpoint(address, port, self.metrics, self.healthz, extra)
                 http.start()
+                if self.telemetry:
+                    self.telemetry.start()
                 log_event("http_listening", address=self.cfg.http_address, port=http.port)
             publisher = self._publisher()
             watcher = self._config_watcher(loop, switch)
@@ -148,7 +163,51 @@ class App:
                 publisher.stop()
             if http:
                 http.stop()
+            if self.telemetry:
+                self.telemetry.stop()
             self.rm.stop()
+
+    def _telemetry(self) -> Telemetry | None:
+        """GPU series for /metrics (docs/metrics.md), unless switched off or there is no NVML to read."""
+        cfg = self.cfg
+        if not cfg.telemetry_enabled:
+            return None
+        read = self.telemetry_reader
+        nvml = getattr(self.rm.source, "nvml", None)
+        if read is None and nvml is not None:
+            read = nvml_reader(nvml)
+        if read is None:
+            log_event("telemetry_off", level="warning", reason="the device source offers no GPU readings")
+            return None
+        attribute = None
+        if cfg.telemetry_pod_resources_socket:
+            configs = [cfg, *cfg.named.values()]
+            attribute = PodAttributor(
+                PodResourcesClient(cfg.telemetry_pod_resources_socket),
+                {c.sharing_memory_resource_name for c in configs},
+                AssignmentCache(self._pod_annotations),
+            )
+        settings = Settings(cfg.telemetry_interval, cfg.telemetry_gpu_timeout)
+        log_event(
+            "telemetry_on",
+            interval_s=settings.interval_s,
+            gpu_timeout_s=settings.gpu_timeout_s,
+            pod_resources=cfg.telemetry_pod_resources_socket or None,
+        )
+        host = hostname(cfg.node_name)
+        return Telemetry(self.rm.inventory, read, self.rm.last_xids, attribute, host, settings)
+
+    def _pod_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A pod's annotations (None when it does not exist), for the GPU-memory shares' assignments."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            pod = self._api().read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(pod.metadata.annotations or {})
 
     def _resolve_mig(self) -> None:
         """With a MIG strategy, the resources follow the GPUs discovered at start (one per MIG profile

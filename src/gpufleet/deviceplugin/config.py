@@ -26,7 +26,7 @@ from ..handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
 from ..layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
 from ..logs import log_event
 from ..yamlfile import YamlFileError, read_yaml
-from .api.constants import DEFAULT_SOCKET_DIR
+from .api.constants import DEFAULT_SOCKET_DIR, POD_RESOURCES_SOCKET
 from .gfd import DOMAIN as GFD_DOMAIN
 from .gfd import MODES as GFD_MODES
 from .gfd import gfd_profile
@@ -105,6 +105,10 @@ class Config:
     labels_gfd: str = "auto"
     http_port: int = 0
     http_address: str = "0.0.0.0"
+    telemetry_enabled: bool = True
+    telemetry_interval: float = 10.0
+    telemetry_gpu_timeout: float = 2.0
+    telemetry_pod_resources_socket: str = POD_RESOURCES_SOCKET
     log_level: str = "info"
     log_format: str = "kv"
     kubernetes_kubeconfig: str = ""
@@ -230,6 +234,10 @@ def _abs_path(v: Any) -> str:
     return path
 
 
+def _optional_abs_path(v: Any) -> str:
+    return "" if as_str(v) == "" else _abs_path(v)
+
+
 def _mounts(v: Any) -> tuple[MountSpec, ...]:
     if not isinstance(v, list):
         raise ValueError("expected a list of {host_path, container_path, read_only}")
@@ -308,6 +316,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("labels.gfd", choice(*GFD_MODES), help="GFD's nvidia.com labels: auto, on, off"),
     Setting("http.port", int_in(0, 65535), help="port for /metrics and /healthz (0: off)"),
     Setting("http.address", as_str, help="address for /metrics and /healthz"),
+    Setting("telemetry.enabled", as_bool, help="GPU series (dcgm-exporter's names) on /metrics (http.port)"),
+    Setting("telemetry.interval", _interval, help="seconds between two readings of every GPU"),
+    Setting("telemetry.gpu_timeout", _interval, help="seconds one GPU's reading may take before it is hung"),
+    Setting(
+        "telemetry.pod_resources_socket",
+        _optional_abs_path,
+        help="the kubelet's PodResources socket, for pod labels (empty: none)",
+    ),
     Setting("log.level", choice("debug", "info", "warning", "error")),
     Setting("log.format", choice("kv", "json")),
     Setting("kubernetes.kubeconfig", as_str, help="kubeconfig path (empty: in-cluster, then ~/.kube/config)"),

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 from gpufleet.metrics import Metrics as BaseMetrics
 
@@ -34,19 +35,33 @@ class Metrics(BaseMetrics):
     }
 
 
+REQUEST_TIMEOUT_S = 10.0  # a client that stalls mid-request holds its connection's thread this long at most
+
+
 class HttpEndpoint:
-    """`GET /metrics` and `GET /healthz` on a background thread."""
+    """`GET /metrics` and `GET /healthz` on a background thread. `extra` adds already-rendered series (the
+    GPU telemetry) to /metrics. A request costs the same whatever it carries: the query string is ignored,
+    a body is never read, and http.server refuses request lines over 64 KiB and more than 100 headers."""
 
     def __init__(
-        self, address: str, port: int, metrics: Metrics, healthy: Callable[[], tuple[bool, str]]
+        self,
+        address: str,
+        port: int,
+        metrics: Metrics,
+        healthy: Callable[[], tuple[bool, str]],
+        extra: Callable[[], str] | None = None,
     ) -> None:
         registry, check = metrics, healthy
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S
+
             def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    self._send(200, registry.render(), "text/plain; version=0.0.4")
-                elif self.path == "/healthz":
+                path = urlsplit(self.path).path
+                if path == "/metrics":
+                    body = registry.render() + (extra() if extra else "")
+                    self._send(200, body, "text/plain; version=0.0.4")
+                elif path == "/healthz":
                     ok, why = check()
                     self._send(200 if ok else 503, why + "\n", "text/plain")
                 else:

@@ -81,6 +81,8 @@ def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
               f"{mig or '-'}")  # fmt: skip
     if doc.get("kubeconfig"):
         print(f"KUBECONFIG={doc['kubeconfig']}")
+    if doc.get("prometheus"):
+        print(f"prometheus: {doc['prometheus']} (every host's device plugin /metrics)")
     print(f"inventory: {doc['inventory']}")
 
 

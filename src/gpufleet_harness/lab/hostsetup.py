@@ -39,7 +39,7 @@ from gpufleet_harness.sim import machine as simmachine
 from gpufleet_harness.testhosts.images import INIT_WRAPPER
 from gpufleet_harness.testhosts.podman import podman
 
-from .spec import EXTENDER_PORT, LABEL, SIM_DIR, HostSpec, LabSpec
+from .spec import EXTENDER_PORT, LABEL, METRICS_PORT, SIM_DIR, HostSpec, LabSpec
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # src
 # What the nvidia-smi stand-in imports: gpufleet_harness.sim.smi and gpufleet.gpu (standard library + pynvml).
@@ -155,7 +155,9 @@ def copy_in(container: str, source: Path, dest: str) -> None:
         raise HostError(f"podman cp {source} {container}:{dest}: {result.stderr.strip()}")
 
 
-def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None) -> None:
+def create(
+    spec: LabSpec, host: HostSpec, image: str, extender_port: int | None, metrics_port: int | None = None
+) -> None:
     """Start the host's container (systemd as PID 1) and wait for systemd to finish booting."""
     name = spec.container(host)
     mounts: list[str] = []
@@ -175,6 +177,8 @@ def create(spec: LabSpec, host: HostSpec, image: str, extender_port: int | None)
     ]  # fmt: skip
     if extender_port is not None:
         argv += ["-p", f"127.0.0.1:{extender_port}:{EXTENDER_PORT}"]
+    if metrics_port is not None:
+        argv += ["-p", f"127.0.0.1:{metrics_port}:{METRICS_PORT}"]
     result = podman(*argv, image, INIT_WRAPPER, check=False)
     if result.returncode != 0:
         raise HostError(f"podman run {name}: {result.stderr.strip()}")

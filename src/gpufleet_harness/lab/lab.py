@@ -109,20 +109,22 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     gpufleet_image = _timed(timings, "gpufleet image", ensure_lab_image)
     library = _timed(timings, "simulator library", simbuild.build_library)
 
-    progress("control plane, kube-scheduler and the stand-in APT repository")
-    sup = _timed(timings, "control plane", lambda: _start_supervisor(spec))
+    # Each host's device plugin /metrics on a free loopback port; the supervisor's Prometheus scrapes them.
+    extender_port, *ports = free_ports(1 + len(spec.hosts))
+    metrics = {h.name: port for h, port in zip(spec.hosts, ports, strict=True)}
+    progress("control plane, kube-scheduler, Prometheus and the stand-in APT repository")
+    sup = _timed(timings, "control plane", lambda: _start_supervisor(spec, metrics))
     # A short, stable path for people: $STATE/kubeconfig (the admin's, for kubectl and the roles).
     short = spec.state_dir / "kubeconfig"
     short.unlink(missing_ok=True)
     short.symlink_to(sup["kubeconfig"])
     sup["kubeconfig"] = str(short)
-    (extender_port,) = free_ports(1)
     kubelet = Path(sup["k8s_bin"]) / "kubelet"
 
     def make_host(host: hostsetup.HostSpec) -> dict[str, float]:
         steps: dict[str, float] = {}
         port = extender_port if host.runs_extender else None
-        _timed(steps, "container", lambda: hostsetup.create(spec, host, host_image, port))
+        _timed(steps, "container", lambda: hostsetup.create(spec, host, host_image, port, metrics[host.name]))
         _timed(steps, "simulator", lambda: hostsetup.install_sim(spec, host, Path(library)))
         _timed(steps, "runc glue", lambda: hostsetup.install_runc_glue(spec, host))
         _timed(steps, "runtime", lambda: hostsetup.configure_runtime(spec, host))
@@ -157,6 +159,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
             for h in spec.hosts
         },
         "extender": {"host": spec.extender_host.name, "port": extender_port},
+        "metrics": metrics,
         "gpufleet_image": gpufleet_image.name,
         "host_image": host_image,
         "timings": timings,
@@ -168,7 +171,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     return state
 
 
-def _start_supervisor(spec: LabSpec) -> dict[str, Any]:
+def _start_supervisor(spec: LabSpec, metrics: dict[str, int]) -> dict[str, Any]:
     ready = spec.state_dir / "ready"
     ready.unlink(missing_ok=True)
     log_path = spec.state_dir / "supervisor.log"
@@ -178,7 +181,8 @@ def _start_supervisor(spec: LabSpec) -> dict[str, Any]:
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", SUPERVISOR_MODULE, "--state-dir", str(spec.state_dir),
-             "--hosts", ",".join(h.name for h in spec.hosts)],
+             "--hosts", ",".join(h.name for h in spec.hosts),
+             "--scrape", ",".join(f"{name}={port}" for name, port in metrics.items())],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             cwd="/",
         )  # fmt: skip
@@ -290,6 +294,7 @@ def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
                     "scheduler": sup["scheduler"],
                     "extender_host": state["extender"]["host"],
                     "extender_port": state["extender"]["port"],
+                    "prometheus_url": sup["prometheus"]["url"],
                     "gpufleet_image": state["gpufleet_image"],
                     "sim_dir": SIM_DIR,
                 },
@@ -366,6 +371,7 @@ def status(spec: LabSpec) -> dict[str, Any]:
             nodes = node_conditions(state["supervisor"]["kubeconfig"])
         doc["kubeconfig"] = state["supervisor"]["kubeconfig"]
         doc["apiserver"] = state["supervisor"]["apiserver"]["url"]
+        doc["prometheus"] = state["supervisor"].get("prometheus", {}).get("url")
     for h in spec.hosts:
         node = nodes.get(h.name, {})
         doc["hosts"][h.name] = {

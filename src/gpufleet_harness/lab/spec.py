@@ -13,6 +13,9 @@ SIM_DIR = "/etc/gpufleet-sim"  # inside every host: where the simulated driver's
 # slirp4netns maps the machine's loopback to this address inside a container (allow_host_loopback=true).
 GATEWAY = "10.0.2.2"
 EXTENDER_PORT = 8800  # the extender's port inside the host that runs it (host network)
+# The device plugin's /metrics (http.port in inventory/lab/group_vars/all.yml) inside every host (host
+# network): `up` publishes it on a free 127.0.0.1 port, which the lab's Prometheus scrapes.
+METRICS_PORT = 9402
 LABEL = "io.gpufleet.lab"  # podman label on everything a lab creates; its value is the lab name
 # The container runtimes a lab host's kubelet can use: containerd through CRI (--container-runtime=remote),
 # or dockerd through the kubelet's built-in dockershim (removed in Kubernetes 1.24; kept for one host).

@@ -9,7 +9,10 @@
 - kube-scheduler, run from a kubeadm-style manifest the way a kubelet runs a static pod (restarted when the
   manifest changes): the Ansible role points it at the extender by editing that manifest, as on a real
   control-plane node;
-- the signed stand-in APT repository (NVIDIA's container toolkit and fabric manager are not reachable here).
+- the signed stand-in APT repository (NVIDIA's container toolkit and fabric manager are not reachable here);
+- Debian's Prometheus (:mod:`gpufleet_harness.prometheus`), scraping each host's device plugin /metrics on the
+  loopback port ``gpufleet lab up`` published it on (``--scrape host=port,...``), each target labelled with
+  its node.
 
 When everything is up it writes ``state.json`` (ports, kubeconfigs, certificates, repository URL) and
 ``ready``; the CLI waits for them.
@@ -32,6 +35,7 @@ from gpufleet_harness.cluster.cluster import Lab
 from gpufleet_harness.cluster.k8s_build import ensure_k8s
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
+from gpufleet_harness.prometheus import Prometheus, ScrapeTarget
 from gpufleet_harness.testhosts.aptrepo import RepoServer, build_repo
 
 from .spec import GATEWAY
@@ -46,7 +50,10 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def serve(state_dir: Path, hosts: list[str]) -> int:
+SCRAPE_INTERVAL_S = 5.0
+
+
+def serve(state_dir: Path, hosts: list[str], scrape: dict[str, int] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -57,7 +64,10 @@ def serve(state_dir: Path, hosts: list[str]) -> int:
     repo_server = RepoServer(repo.root).start()
     runner: StaticPodRunner | None = None
     lab = Lab(ensure_k8s(build=False), state_dir / "cluster")
+    targets = [ScrapeTarget(f"127.0.0.1:{port}", {"node": host}) for host, port in (scrape or {}).items()]
+    prometheus = Prometheus(state_dir / "prometheus", targets, SCRAPE_INTERVAL_S)
     try:
+        prometheus.start()
         cp = lab.start_control_plane(serving_ips=[GATEWAY], node_lifecycle=True)
         for host in hosts:
             cp.node_credentials(host)
@@ -88,6 +98,7 @@ def serve(state_dir: Path, hosts: list[str]) -> int:
                 "secure_port": secure_port,
             },
             "nodes": nodes,
+            "prometheus": {"url": prometheus.url, "port": prometheus.port, "scrape": dict(scrape or {})},
             "repo": {
                 "root": str(repo.root),
                 "port": repo_server.port,
@@ -101,9 +112,11 @@ def serve(state_dir: Path, hosts: list[str]) -> int:
         while not stop.wait(1.0):
             for daemon in cp.daemons:
                 daemon.check()
+            prometheus.check()
         return 0
     finally:
         (state_dir / "ready").unlink(missing_ok=True)
+        prometheus.stop()
         if runner is not None:
             runner.stop()
         lab.close()
@@ -114,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpufleet_harness.lab.supervisor")
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--hosts", required=True, help="comma-separated node names to make certificates for")
+    parser.add_argument("--scrape", default="", help="host=port,...: each host's /metrics on 127.0.0.1")
     args = parser.parse_args(argv)
+    scrape = {host: int(port) for host, _, port in (p.partition("=") for p in args.scrape.split(",") if p)}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return serve(args.state_dir.resolve(), [h for h in args.hosts.split(",") if h])
+        return serve(args.state_dir.resolve(), [h for h in args.hosts.split(",") if h], scrape)
     except Exception:
         log.exception("lab supervisor failed")
         return 1

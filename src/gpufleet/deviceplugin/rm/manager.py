@@ -86,6 +86,7 @@ class ResourceManager:
         self._thread: threading.Thread | None = None
         self._events: EventStream | None = None
         self._pending: list[HealthEvent] = []  # drained from a replaced event set, not yet applied
+        self._last_xid: dict[str, int] = {}  # GPU UUID -> its last XID, ignored ones too (telemetry)
 
     # ----- lifecycle -------------------------------------------------------------------------------
 
@@ -153,6 +154,11 @@ class ResourceManager:
     def inventory(self) -> NodeInventory:
         """The discovered GPUs (empty until discovery succeeds)."""
         return self._state.inventory or NodeInventory(gpus=())
+
+    def last_xids(self) -> dict[str, int]:
+        """The last XID each GPU reported since start, by UUID (GPUs without one are absent)."""
+        with self._lock:
+            return dict(self._last_xid)
 
     def gpu_health(self) -> dict[str, GpuHealth]:
         """Health of every GPU by UUID."""
@@ -313,6 +319,9 @@ class ResourceManager:
         index = self._index(event.uuid)
         self.metrics.inc("gpufleet_dp_health_events_total", kind=event.kind, code=str(event.code))
         ignored = event.kind == HealthEventKind.XID and event.code in self.health.ignored_xids
+        if event.kind == HealthEventKind.XID and event.uuid is not None:
+            with self._lock:
+                self._last_xid[event.uuid] = event.code
         log_event(
             "health_event", kind=event.kind, gpu=index, uuid=event.uuid, code=event.code, ignored=ignored
         )

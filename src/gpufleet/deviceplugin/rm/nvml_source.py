@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -121,18 +122,25 @@ class NvmlDeviceSource:
         self._session: AbstractContextManager[Any] | None = None
         self._nvml: Any = None
         self._index: dict[str, int] = {}
+        self._opening = threading.Lock()  # the health and telemetry threads may both open it first
 
     def _open(self) -> Any:
         from gpufleet.gpu import NvmlError, nvml_session
 
-        if self._nvml is None:
-            session = nvml_session()
-            try:
-                self._nvml = session.__enter__()
-            except NvmlError as exc:
-                raise SourceUnavailable(str(exc)) from None
-            self._session = session
-        return self._nvml
+        with self._opening:
+            if self._nvml is None:
+                session = nvml_session()
+                try:
+                    self._nvml = session.__enter__()
+                except NvmlError as exc:
+                    raise SourceUnavailable(str(exc)) from None
+                self._session = session
+            return self._nvml
+
+    def nvml(self) -> Any:
+        """The open NVML session (gpufleet.gpu.Nvml), for readers beside discovery (telemetry); raises
+        SourceUnavailable when NVML cannot be used."""
+        return self._open()
 
     def inventory(self) -> NodeInventory:
         """Discover through NVML; SourceUnavailable (with NVML's reason) when only sysfs answered."""

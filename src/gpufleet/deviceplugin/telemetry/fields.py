@@ -1,0 +1,160 @@
+"""The GPU series: dcgm-exporter's names, types and units, each tied to the NVML reading behind it.
+
+Names and types follow dcgm-exporter's default counter set (etc/default-counters.csv, checked against its
+main branch and release 4.5.3-4.8.2), plus the ECC counters it names but leaves commented out there and
+DCGM's clock-event-reasons field. docs/metrics.md is this table in prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+MIB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One dcgm-exporter series and how to compute it from a reading (gpufleet.gpu.telemetry keys)."""
+
+    name: str
+    kind: str  # Prometheus type: "gauge" or "counter"
+    help: str
+    keys: tuple[str, ...]  # reading keys it needs; all of them must be present
+    value: Callable[[Mapping[str, float]], float]
+    default: bool = True  # in dcgm-exporter's default counter set (False: named there, commented out)
+
+
+def _key(key: str, scale: float = 1.0) -> Callable[[Mapping[str, float]], float]:
+    return lambda values: values[key] / scale if scale != 1.0 else values[key]
+
+
+def _whole_mib(key: str) -> Callable[[Mapping[str, float]], float]:
+    return lambda values: float(int(values[key]) >> 20)
+
+
+def _one(name: str, kind: str, text: str, key: str, scale: float = 1.0, default: bool = True) -> Field:
+    return Field(name, kind, text, (key,), _key(key, scale), default)
+
+
+FIELDS: tuple[Field, ...] = (
+    _one("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock in MHz.", "sm_clock_mhz"),
+    _one("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock in MHz.", "mem_clock_mhz"),
+    _one("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature in degrees C.", "memory_temp_c"),
+    _one("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature in degrees C.", "gpu_temp_c"),
+    _one("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw in W.", "power_mw", 1000.0),
+    _one(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Energy consumed since the driver was loaded, in mJ.",
+        "energy_mj",
+    ),
+    _one("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "PCIe replays (retries) so far.", "pcie_replays"),
+    _one("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization in percent.", "gpu_util_pct"),
+    _one(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "Memory (copy engine) utilization in percent.",
+        "mem_copy_util_pct",
+    ),
+    _one("DCGM_FI_DEV_ENC_UTIL", "gauge", "Video encoder utilization in percent.", "enc_util_pct"),
+    _one("DCGM_FI_DEV_DEC_UTIL", "gauge", "Video decoder utilization in percent.", "dec_util_pct"),
+    Field(
+        "DCGM_FI_DEV_FB_FREE",
+        "gauge",
+        "Free framebuffer memory in MiB.",
+        ("fb_free_bytes",),
+        _whole_mib("fb_free_bytes"),
+    ),
+    Field(
+        "DCGM_FI_DEV_FB_USED",
+        "gauge",
+        "Used framebuffer memory in MiB.",
+        ("fb_used_bytes",),
+        _whole_mib("fb_used_bytes"),
+    ),
+    Field(
+        "DCGM_FI_DEV_FB_RESERVED",
+        "gauge",
+        "Framebuffer memory the driver reserves, in MiB.",
+        ("fb_reserved_bytes",),
+        _whole_mib("fb_reserved_bytes"),
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "NVLink traffic over all links, sent plus received, data and protocol overhead, in KiB.",
+        ("nvlink_raw_tx_kib", "nvlink_raw_rx_kib"),
+        lambda v: v["nvlink_raw_tx_kib"] + v["nvlink_raw_rx_kib"],
+    ),
+    _one(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Memory rows remapped after uncorrectable errors.",
+        "remapped_rows_uncorrectable",
+    ),
+    _one(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Memory rows remapped after correctable errors.",
+        "remapped_rows_correctable",
+    ),
+    _one("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "1 when a row remapping has failed.", "remap_failure"),
+    _one(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "counter",
+        "Single-bit ECC errors since the driver was loaded.",
+        "ecc_sbe_volatile",
+        default=False,
+    ),
+    _one(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "counter",
+        "Double-bit ECC errors since the driver was loaded.",
+        "ecc_dbe_volatile",
+        default=False,
+    ),
+    _one(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "counter",
+        "Single-bit ECC errors over the GPU's life.",
+        "ecc_sbe_aggregate",
+        default=False,
+    ),
+    _one(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "counter",
+        "Double-bit ECC errors over the GPU's life.",
+        "ecc_dbe_aggregate",
+        default=False,
+    ),
+    _one(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "gauge",
+        "Why the clocks are held back, NVML's bitmask (1 idle, 4 software power cap, 8 hardware slowdown).",
+        "clock_event_reasons",
+        default=False,
+    ),
+)
+
+XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+XID_HELP = "The last XID error the GPU reported (0: none since the plugin started)."
+MIG_FIELDS = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED")
+"""The fields a MIG device has series of its own for (NVML answers memory per MIG device only)."""
+
+# dcgm-exporter's default counters NVML cannot give, and why (docs/metrics.md says the same).
+LEFT_OUT: dict[str, str] = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
+    "DCGM_FI_PROF_PCIE_TX_BYTES": (
+        "a profiling (DCP) field; NVML's nearest, nvmlDeviceGetPcieThroughput, samples for 20 ms per call"
+    ),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": (
+        "a profiling (DCP) field; NVML's nearest, nvmlDeviceGetPcieThroughput, samples for 20 ms per call"
+    ),
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "licensing of vGPU guests; gpufleet runs bare metal and passthrough",
+}
+
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+"""dcgm-exporter's one default label field: the driver version on every GPU series."""

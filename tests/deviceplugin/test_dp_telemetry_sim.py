@@ -1,0 +1,175 @@
+"""GPU telemetry end to end on the simulator: the plugin process reading the simulated GPUs through the
+unmodified pynvml, a fake kubelet PodResources server for pod labels, injected failures, and Debian's real
+Prometheus scraping the plugin on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from dp_helpers import REPO, FakeKubelet, PluginProcess, inject, materialize_sim, short_dir, wait_for
+from telemetry_helpers import FakePodResources, families, samples, scrape
+
+from gpufleet_harness.cluster.process import free_ports
+from gpufleet_harness.prometheus import Prometheus, ScrapeTarget
+
+FAST = ["--health-probe-interval", "0.2", "--nvml-retry-interval", "0.2", "--telemetry-interval", "0.3"]
+GPUS = 8
+MEMORY_MIB = 81920  # dgx-a100's fixture: A100-SXM4-80GB
+
+
+@dataclass
+class Node:
+    root: str
+    env: dict[str, str]
+    port: int
+    uuids: list[str]
+    kubelet: FakeKubelet
+    pods: FakePodResources
+    proc: PluginProcess
+
+    def metrics(self) -> str:
+        return scrape(self.port)
+
+
+@pytest.fixture(scope="module")
+def node(sim_library: str) -> Iterator[Node]:
+    base = short_dir("tel")
+    root, sockets = os.path.join(base, "root"), os.path.join(base, "sock")
+    os.mkdir(sockets)
+    env = materialize_sim("dgx-a100", root)
+    uuids = [g["uuid"] for g in sorted(json.loads(Path(root, "machine.json").read_text())["gpus"],
+                                       key=lambda g: g["index"])]  # fmt: skip
+    kubelet = FakeKubelet(sockets).start()
+    pods = FakePodResources(os.path.join(sockets, "pod-resources.sock")).start()
+    (port,) = free_ports(1)
+    args = ["--socket-dir", sockets, "--http-port", str(port), "--http-address", "127.0.0.1",
+            "--telemetry-pod-resources-socket", pods.socket_path, *FAST]  # fmt: skip
+    proc = PluginProcess(env, args)
+    node = Node(root, env, port, uuids, kubelet, pods, proc)
+    try:
+        wait_for(lambda: _gpus_up(node) == GPUS, "every GPU's series", 60)
+        yield node
+    finally:
+        proc.stop()
+        pods.stop()
+        kubelet.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query in deploy/grafana/gpufleet-gpus.json."""
+    doc = json.loads((REPO / "deploy" / "grafana" / "gpufleet-gpus.json").read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p.get("targets", [])]
+
+
+def _gpus_up(node: Node) -> int:
+    try:
+        text = node.metrics()
+    except OSError:
+        return 0
+    return sum(1 for s in samples(text, "gpufleet_gpu_up") if s.value == 1)
+
+
+def _nvml_answers(env: dict[str, str], getter: str) -> bool:
+    """Whether the simulator's NVML answers `getter` for GPU 0, asked directly through pynvml."""
+    code = textwrap.dedent(f"""
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            pynvml.{getter}(pynvml.nvmlDeviceGetHandleByIndex(0))
+            print("yes")
+        except pynvml.NVMLError as exc:
+            print("no", exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    return done.stdout.startswith("yes")
+
+
+def test_every_simulated_gpu_has_its_series(node: Node) -> None:
+    text = node.metrics()
+    every = ("FB_FREE", "FB_USED", "GPU_TEMP", "POWER_USAGE", "SM_CLOCK", "GPU_UTIL", "XID_ERRORS")
+    for name in (f"DCGM_FI_DEV_{short}" for short in every):
+        found = {s.labels["UUID"] for s in samples(text, name)}
+        assert found == set(node.uuids), f"{name}: series for {len(found)} of {GPUS} GPUs"
+    for gpu in range(GPUS):
+        free, used, reserved = (samples(text, f"DCGM_FI_DEV_FB_{k}", gpu=str(gpu))[0].value
+                                for k in ("FREE", "USED", "RESERVED"))  # fmt: skip
+        assert free + used + reserved == MEMORY_MIB, f"GPU {gpu}: FB free + used + reserved != the fixture's"
+        [temp] = samples(text, "DCGM_FI_DEV_GPU_TEMP", gpu=str(gpu))
+        assert temp.labels["modelName"] == "NVIDIA A100-SXM4-80GB" and temp.labels["device"] == f"nvidia{gpu}"
+
+
+def test_a_series_exists_exactly_when_the_simulators_nvml_answers_its_getter(node: Node) -> None:
+    text = node.metrics()
+    for getter, name in (("nvmlDeviceGetTotalEnergyConsumption", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
+                         ("nvmlDeviceGetPcieReplayCounter", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),
+                         ("nvmlDeviceGetPowerUsage", "DCGM_FI_DEV_POWER_USAGE"),
+                         ("nvmlDeviceGetRemappedRows", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS")):  # fmt: skip
+        answers = _nvml_answers(node.env, getter)
+        served = bool(samples(text, name, gpu="0"))
+        assert served == answers, f"{name}: served {served}, but NVML answers {getter}: {answers}"
+
+
+def test_a_pod_holding_a_gpu_labels_its_series(node: Node) -> None:
+    node.pods.pods = [("team-a", "train-0", [("main", {"nvidia.com/gpu": [node.uuids[2]]})])]
+    try:
+        held = wait_for(lambda: samples(node.metrics(), "DCGM_FI_DEV_GPU_UTIL", pod="train-0"), "pod labels")
+        assert [(s.labels["UUID"], s.labels["namespace"], s.labels["container"]) for s in held] == [
+            (node.uuids[2], "team-a", "main")
+        ]
+        assert len(samples(node.metrics(), "DCGM_FI_DEV_GPU_UTIL")) == GPUS  # still one series per GPU
+    finally:
+        node.pods.pods = []
+
+
+def test_a_lost_gpu_says_so_and_the_others_are_served_then_it_comes_back(node: Node) -> None:
+    inject(node.root, "gpu", "3", "lost")
+    try:
+        wait_for(lambda: samples(node.metrics(), "gpufleet_gpu_up", gpu="3")[0].value == 0, "GPU 3 down")
+        text = node.metrics()
+        assert samples(text, "DCGM_FI_DEV_GPU_TEMP", gpu="3") == []
+        assert samples(text, "DCGM_FI_DEV_FB_USED", gpu="3") == []
+        assert len(samples(text, "DCGM_FI_DEV_GPU_TEMP")) == GPUS - 1
+    finally:
+        inject(node.root, "gpu", "3", "ok")
+    wait_for(lambda: samples(node.metrics(), "DCGM_FI_DEV_GPU_TEMP", gpu="3"), "GPU 3's series back")
+    assert "event=telemetry_gpu_down" in node.proc.output()
+
+
+def test_an_xid_shows_in_xid_errors(node: Node) -> None:
+    inject(node.root, "xid", "5", "43")  # an application XID: the GPU stays healthy
+    wait_for(lambda: samples(node.metrics(), "DCGM_FI_DEV_XID_ERRORS", gpu="5")[0].value == 43, "XID 43")
+
+
+def test_debians_prometheus_scrapes_every_gpu_and_the_pod_labels(node: Node, tmp_path: Path) -> None:
+    node.pods.pods = [("team-b", "infer-0", [("app", {"nvidia.com/gpu": [node.uuids[6]]})])]
+    target = ScrapeTarget(f"127.0.0.1:{node.port}", {"node": "sim-dgx"})
+    try:
+        with Prometheus(tmp_path / "prometheus", [target], interval_s=0.5) as prom:
+            found = prom.wait_for('count(DCGM_FI_DEV_FB_USED{node="sim-dgx"}) == 8')
+            assert found[0]["value"][1] == "8"
+            [held] = prom.wait_for('DCGM_FI_DEV_GPU_UTIL{pod="infer-0",namespace="team-b"}')
+            assert held["metric"]["UUID"] == node.uuids[6] and held["metric"]["container"] == "app"
+            energy = prom.query("DCGM_FI_DEV_POWER_USAGE")
+            assert {s["metric"]["gpu"] for s in energy} == {str(i) for i in range(GPUS)}
+            # the counters' TYPE lines are dcgm-exporter's (no _total suffix), which Prometheus accepts
+            meta = prom.api("metadata", metric="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
+            assert meta["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"][0]["type"] == "counter"
+            # every query of the shipped Grafana dashboard is valid PromQL with answers here (GPU-memory
+            # shares excepted: this node does not share GPU memory)
+            for title, expr in dashboard_queries():
+                found = prom.query(expr.replace("$node", ".*").replace("$gpu", ".*"))
+                assert found or "gpufleet_pod_gpu_memory_bytes" in expr, f"panel {title!r}: {expr} is empty"
+    finally:
+        node.pods.pods = []
+    assert families(node.metrics())  # the plugin still serves after being scraped
