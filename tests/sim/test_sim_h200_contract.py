@@ -333,3 +333,50 @@ def test_the_wait_may_time_out_or_deliver_a_registered_event() -> None:
     sim["devices"][0]["events"]["wait_200ms"] = {"err": "NVML_ERROR_UNKNOWN"}
     assert compare(real, sim) == ["devices[0]/events/wait_200ms: neither TIMEOUT nor a registered event: "
                                   "{'err': 'NVML_ERROR_UNKNOWN'}"]
+
+
+# ----- a second real H200 (tests/realgpu/h200-580.159.04-host2, read through the same probe) ----------------
+
+HOST2 = RECORDING.parent / "h200-580.159.04-host2"
+# What differs from one H200 to the next: the GPU's identity and where its board sits.
+HOST_IDENTITY = ("nvmlDeviceGetUUID", "nvmlDeviceGetSerial", "nvmlDeviceGetPdi",
+                 "nvmlDeviceGetBoardPartNumber", "nvmlDeviceGetModuleId",
+                 "nvmlDeviceGetPlatformInfo")  # fmt: skip
+
+
+def test_a_second_real_h200_answers_every_getter_as_the_first() -> None:
+    """The contract is the model's and driver's, not one board's: every getter of the first recording has
+    the same outcome on a second H200 host; only identity values and moving readings differ."""
+    first, second = _load_recording(), json.loads((HOST2 / "nvml-probe.json").read_text())
+    d1, d2 = first["devices"][0], second["devices"][0]
+    getters = [k for k in d1 if k.startswith("nvml")]
+    assert len(getters) > 90
+    changed = {k: (outcome(d1[k]), outcome(d2.get(k))) for k in getters}
+    assert {k: pair for k, pair in changed.items() if pair[0] != pair[1]} == {}
+    steady = [k for k in getters if k not in MOVING]
+    differ = sorted(k for k in steady if _meaning(d1[k].get("ok")) != _meaning(d2[k].get("ok")))
+    assert set(differ) <= set(HOST_IDENTITY), differ
+
+
+def _meaning(value: Any) -> Any:
+    """A value as NVML meant it: the two hosts' pynvml builds size the fabric info's clusterUuid array
+    differently (16 and 64 bytes), both all zeros there."""
+    if isinstance(value, dict) and "clusterUuid" in value:
+        return {**value, "clusterUuid": any(value["clusterUuid"])}
+    return value
+
+
+def test_mig_placements_match_what_nvml_answered_on_a_real_h200(probes: Probes) -> None:
+    """nvmlDeviceGetGpuInstancePossiblePlacements with MIG off, read on the second host with pynvml's real
+    signature, equals the simulator's answer for every profile (the first recording only had `mig -lgipp`)."""
+    _, sim = probes
+    real = json.loads((HOST2 / "nvml-probe.json").read_text())["devices"][0]["mig_profiles"]
+    simulated = sim["devices"][0]["mig_profiles"]
+    assert sorted(real, key=int) == sorted(simulated, key=int)
+    with_placements = 0
+    for pid, entry in real.items():
+        assert outcome(entry) == outcome(simulated[pid]), pid
+        if "placements" in entry:
+            with_placements += 1
+            assert entry["placements"]["ok"] == simulated[pid]["placements"]["ok"], entry["ok"]["name"]
+    assert with_placements == 7  # the seven H200 profiles
