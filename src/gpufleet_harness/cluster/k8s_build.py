@@ -342,13 +342,17 @@ class _Builder:
             )
             out.rename(bindir / name)
 
-    def pause_image(self, tree: Path) -> None:
-        """Static ``/pause`` from build/pause/linux/pause.c (the registry image is out of reach)."""
+    def pause_image(self, tree: Path, wanted_tag: str | None = None) -> None:
+        """Static ``/pause`` from the tree's build/pause/linux/pause.c (the registry image is out of reach),
+        versioned with build/pause/Makefile's TAG, which must be ``wanted_tag`` when one is given."""
         target = self.entry / "images/pause.tar"
         if target.is_file():
             return
         makefile = (tree / "build/pause/Makefile").read_text()
-        tag = re.search(r"^TAG\s*\??=\s*(\S+)", makefile, re.M)
+        found = re.search(r"^TAG\s*\??=\s*(\S+)", makefile, re.M)
+        tag = found.group(1) if found else None
+        if wanted_tag is not None and tag != wanted_tag:
+            raise BuildError(f"pause {wanted_tag} is wanted but {tree}/build/pause/Makefile has TAG {tag}")
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "rootfs"
             root.mkdir()
@@ -360,12 +364,12 @@ class _Builder:
                     "-Wall",
                     "-static",
                     "-s",
-                    f"-DVERSION=v{tag.group(1) if tag else 'lab'}",
+                    f"-DVERSION=v{tag or 'lab'}",
                     "-o",
                     root / "pause",
                     tree / "build/pause/linux/pause.c",
                 ],
-                tree,
+                Path(tmp),
                 self.env(),
             )
             _write_tar(root, target)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -227,7 +226,8 @@ class _ModuleBuilder(_Builder):
         for reference in names:
             repository = reference.rsplit(":", 1)[0].rsplit("/", 1)[-1]
             if repository == "pause":
-                self.pause_from_module(reference)
+                # the release's build/pause/linux/pause.c, at the tag kubeadm asks for
+                self.pause_image(self.module_source(), reference.rsplit(":", 1)[1])
                 images[reference] = {"rootfs": "images/pause.tar", "changes": ['ENTRYPOINT ["/pause"]']}
                 continue
             binary = IMAGE_BINARIES.get(repository)
@@ -246,41 +246,6 @@ class _ModuleBuilder(_Builder):
                     _write_tar(root, target)
             images[reference] = {"rootfs": f"images/{repository}.tar", "changes": [f"ENV {IMAGE_PATH}"]}
         return images
-
-    def pause_from_module(self, reference: str) -> None:
-        """Static /pause from the release's build/pause/linux/pause.c, its version from the Makefile's TAG
-        (checked against the tag kubeadm asks for)."""
-        target = self.entry / "images/pause.tar"
-        if target.is_file():
-            return
-        source = self.module_source()
-        tag = re.search(r"^TAG\s*\??=\s*(\S+)", (source / "build/pause/Makefile").read_text(), re.M)
-        wanted = reference.rsplit(":", 1)[1]
-        if tag is None or tag.group(1) != wanted:
-            raise BuildError(
-                f"kubeadm wants {reference} but build/pause/Makefile of {source} has TAG {tag and tag[1]}"
-            )
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp) / "rootfs"
-            root.mkdir()
-            self.run(
-                "pause",
-                [
-                    "gcc",
-                    "-Os",
-                    "-Wall",
-                    "-Werror",
-                    "-static",
-                    "-s",
-                    f"-DVERSION=v{wanted}",
-                    "-o",
-                    root / "pause",
-                    source / "build/pause/linux/pause.c",
-                ],
-                Path(tmp),
-                self.env(),
-            )
-            _write_tar(root, target)
 
     def write_module_manifest(
         self, images: dict[str, dict[str, object]], said: dict[str, str]
