@@ -1,6 +1,7 @@
 """A kubeadm cluster on Kubernetes 1.37 built from its Go modules: the real ``kubeadm init`` in a podman
-systemd host on containerd 2.1 (Debian sid's package), CRI v1 with systemd cgroups, and a pod the real
-scheduler places on it (:mod:`gpufleet_harness.lab.kubeadm`). Opt-in (tests/kubeadm/conftest.py).
+systemd host on containerd 2.1 (Debian sid's package), a worker joined with ``kubeadm join`` on containerd 1.7
+(Debian trixie's), both CRI v1 with systemd cgroups, and pods the real scheduler places on each
+(:mod:`gpufleet_harness.lab.kubeadm`, docs/lab-cluster.md). Opt-in (tests/kubeadm/conftest.py).
 
 One cluster for the module (names unique to this run: ``gpufleet-kadm-<id>-*``, never the lab's or
 molecule's); the tests build on each other in file order; the fixture removes every container and volume
@@ -238,6 +239,26 @@ def test_scheduler_places_a_pod_on_the_control_plane(
     assert any(e.reason == "Scheduled" and e.reporting_component == "default-scheduler" for e in events), [
         (e.reason, e.reporting_component) for e in events
     ]
+
+
+def test_worker_joins_on_containerd_1_7_and_runs_a_pod(
+    cluster: KubeadmCluster, core: k8s.CoreV1Api, namespace: str
+) -> None:
+    try:
+        worker = cluster.join("w1", "1.7")
+    except (HostError, LabError) as err:
+        pytest.fail(f"kubeadm join: {err}")
+    node = wait_for(
+        f"node {worker.hostname} Ready", lambda: _node_ready(core, worker.hostname), 180, interval=1
+    )
+    info = node.status.node_info
+    assert info.kubelet_version == f"v{VERSION}"
+    assert info.container_runtime_version.startswith("containerd://1.7."), info.container_runtime_version
+    core.create_namespaced_pod(namespace, _pod("on-w1", {"kubernetes.io/hostname": worker.hostname}))
+    pod = _running(core, namespace, "on-w1")
+    assert pod.spec.node_name == worker.hostname
+    assert "cgroupDriver: systemd" in worker.sh("cat /var/lib/kubelet/config.yaml")
+    _check_containerd_dump(worker, cluster.artifacts)
 
 
 def test_machine_sysctls_unchanged(cluster: KubeadmCluster, machine_sysctls: dict[str, str]) -> None:

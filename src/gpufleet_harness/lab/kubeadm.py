@@ -44,6 +44,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import tempfile
 import time
@@ -546,6 +547,46 @@ class KubeadmCluster:
     def kubeconfig(self) -> Path:
         """kubeadm's admin.conf, pointed at this machine's published port."""
         return self.dir / "admin.conf"
+
+    def join_command(self) -> list[str]:
+        """``kubeadm join ...`` as ``kubeadm token create --print-join-command`` prints it."""
+        assert self.control_plane is not None
+        if self._join_command is None:
+            said = exec_in(self.control_plane.container, "kubeadm", "token", "create", "--print-join-command")
+            self._join_command = shlex.split(said.strip())
+        return list(self._join_command)
+
+    def join(self, role: str, containerd: str = "1.7") -> KubeadmHost:
+        """Create a worker host and ``kubeadm join`` it to the control plane."""
+        with _timed(self.timings, f"{role} host"):
+            host = self._create_host(role, containerd, [])
+            self._prepare_node(host)
+        join_config = {
+            "apiVersion": "kubeadm.k8s.io/v1beta4",
+            "kind": "JoinConfiguration",
+            "discovery": self._discovery(),
+            "nodeRegistration": {
+                "name": host.hostname,
+                "criSocket": f"unix://{CONTAINERD_SOCKET}",
+                "imagePullPolicy": "Never",
+                "ignorePreflightErrors": list(IGNORED_PREFLIGHT),
+            },
+        }
+        # kubeadm join takes the cluster's KubeletConfiguration from the kubelet-config ConfigMap init made
+        with _timed(self.timings, f"kubeadm join {role}"):
+            self._kubeadm(host, "join", yaml.safe_dump(join_config), "/etc/kubernetes/kubelet.conf")
+        return host
+
+    def _discovery(self) -> dict[str, Any]:
+        argv = self.join_command()
+        value = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+        return {
+            "bootstrapToken": {
+                "apiServerEndpoint": argv[2],
+                "token": value["--token"],
+                "caCertHashes": [value["--discovery-token-ca-cert-hash"]],
+            }
+        }
 
     # -- teardown -----------------------------------------------------------------------------------------
     def close(self) -> None:
