@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from gpufleet_harness.cluster.cluster import LAB_PREFIX, OWNER_FILE, Lab, reap_stale_labs
+from gpufleet_harness.cluster.gomod import is_module_version
 from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s, missing_build_requirements
 from gpufleet_harness.cluster.node import RUNTIMES
 from gpufleet_harness.cluster.process import LabError
@@ -34,7 +35,12 @@ def _base(args: argparse.Namespace) -> Path:
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find) the Kubernetes binaries and print the cache entry."""
     if args.check:
-        missing = missing_build_requirements()
+        if args.version and is_module_version(args.version):
+            from gpufleet_harness.cluster.k8s_modbuild import missing_requirements
+
+            missing = missing_requirements(args.version.removeprefix("v"))
+        else:
+            missing = missing_build_requirements()
         print("\n".join(missing) or "all build requirements present")
         return 1 if missing else 0
     try:
@@ -130,7 +136,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def build_options(parser: argparse.ArgumentParser) -> None:
     """Where the Kubernetes build comes from (shared with ``gpufleet lab``)."""
-    parser.add_argument("--version", help="Debian source version of kubernetes (default: newest in apt)")
+    parser.add_argument(
+        "--version",
+        help="Kubernetes to use: an upstream release built from its Go modules (1.37.2), or a Debian "
+        "source version of kubernetes (default: the newest in apt, 1.20.2 on Debian 12)",
+    )
     parser.add_argument("--cache", help="cache root (default $GPUFLEET_CACHE or /var/cache/gpufleet)")
     parser.add_argument("--no-build", action="store_true", help="fail instead of building when not cached")
 

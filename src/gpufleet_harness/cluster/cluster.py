@@ -99,7 +99,10 @@ class ControlPlane:
         serving_args: list[str] = []
         if self._serving_ips:
             serving = pki.serving_certificate(
-                self.ca, self.pki, "apiserver", "kube-apiserver",
+                self.ca,
+                self.pki,
+                "apiserver",
+                "kube-apiserver",
                 ["127.0.0.1", "10.0.0.1", *self._serving_ips],
                 ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "localhost"],
             )
@@ -402,6 +405,12 @@ class Lab:
         *,
         keep: bool = False,
     ) -> None:
+        if artifacts.from_modules:
+            raise LabError(
+                f"Kubernetes {artifacts.git_version} from Go modules does not run as this lab, which starts"
+                " 1.20's daemons with 1.20's flags; it runs as a kubeadm cluster"
+                " (gpufleet_harness.lab.kubeadm)"
+            )
         base = Path(base_dir or os.environ.get("GPUFLEET_LAB_DIR") or tempfile.gettempdir()).resolve()
         if any(base == p or p in base.parents for p in _SHADOWED):
             raise LabError(
@@ -442,8 +451,11 @@ class Lab:
         if self.control_plane is not None:
             raise LabError("this lab already has a control plane")
         cp = ControlPlane(
-            self, controller_manager=controller_manager, apiserver_args=apiserver_args,
-            serving_ips=serving_ips, node_lifecycle=node_lifecycle,
+            self,
+            controller_manager=controller_manager,
+            apiserver_args=apiserver_args,
+            serving_ips=serving_ips,
+            node_lifecycle=node_lifecycle,
         )
         self._cleanup.callback(cp.stop)
         self.control_plane = cp.start()

@@ -25,7 +25,8 @@ CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
 # containerd as a cluster installer configures it for a kubelet (kubeadm's "container runtimes" page for
 # containerd): config version 2, CRI plugin enabled (Debian's package does not disable it), runc through
-# the runc v2 shim with the cgroupfs driver the kubelet uses (SystemdCgroup = false), the sandbox (pause)
+# the runc v2 shim with the cgroup driver the kubelet uses (SystemdCgroup: false for the lab's cgroupfs
+# kubelets, true for the kubeadm hosts' systemd driver), the sandbox (pause)
 # image the lab loads, CNI binaries where Debian's containernetworking-plugins puts them. Checked against
 # `containerd config dump` of Debian 12's containerd 1.6.20 (docs/lab.md).
 # restrict_oom_score_adj is lab glue like /usr/local/sbin/runc: this machine's root lacks CAP_SYS_RESOURCE,
@@ -47,7 +48,7 @@ version = 2
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
+          SystemdCgroup = {systemd_cgroup}
 {runc}  [plugins."io.containerd.internal.v1.opt"]
     path = "/var/lib/containerd/opt"
 """
@@ -61,19 +62,27 @@ def containerd_config(
     stream_server_address: str | None = None,
     cni_conf_dir: str = "/etc/cni/net.d",
     runc_binary: str | None = None,
+    systemd_cgroup: bool = False,
 ) -> str:
     """containerd's ``config.toml`` for a CRI kubelet. The defaults are a host's own containerd; a test
     cluster's node, which shares the machine's /etc and network, names its own socket (``address``; root and
     state stay containerd's defaults under the node's private /var and /run), the address its streaming
     server (exec, attach, port-forward) listens on where the kubelet can reach it, its CNI directory, and
-    the runc it runs (``runc_binary``)."""
+    the runc it runs (``runc_binary``). ``systemd_cgroup``: runc's cgroups through systemd, for a kubelet
+    with ``cgroupDriver: systemd``."""
     top = ""
     if address is not None:
         top = f'root = "/var/lib/containerd"\nstate = "/run/containerd"\n\n[grpc]\n  address = "{address}"\n'
     cri = f'    stream_server_address = "{stream_server_address}"\n' if stream_server_address else ""
     runc = f'          BinaryName = "{runc_binary}"\n' if runc_binary else ""
     return _CONTAINERD_TEMPLATE.format(
-        comment=comment, top=top, pause=sandbox_image, cri=cri, cni_conf_dir=cni_conf_dir, runc=runc
+        comment=comment,
+        top=top,
+        pause=sandbox_image,
+        cri=cri,
+        cni_conf_dir=cni_conf_dir,
+        runc=runc,
+        systemd_cgroup=str(systemd_cgroup).lower(),
     )
 
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet_harness.cluster.gomod import is_module_version
 from gpufleet_harness.cluster.process import file_lock
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,23 @@ class K8sArtifacts:
         """Path of the root filesystem tarball of one of :data:`IMAGES` (imported as a one-layer image)."""
         return self.images_dir / f"{name}.tar"
 
+    @property
+    def from_modules(self) -> bool:
+        """Built from the Go modules of an upstream release (:mod:`k8s_modbuild`), not Debian's source."""
+        return self.manifest.get("source") == "go modules"
+
+    @property
+    def kubeadm_images(self) -> dict[str, tuple[Path, list[str]]]:
+        """Image name kubeadm expects -> (root filesystem tarball, ``docker import -c`` changes); empty for
+        the Debian-source builds, which have no kubeadm."""
+        images = self.manifest.get("kubeadm_images") or {}
+        assert isinstance(images, dict)
+        out = {}
+        for name, doc in images.items():
+            changes = [arg for change in doc["changes"] for arg in ("-c", change)]
+            out[name] = (self.root / str(doc["rootfs"]), changes)
+        return out
+
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The cache directory: the argument, else ``$GPUFLEET_CACHE``, else ``/var/cache/gpufleet``."""
@@ -133,7 +151,13 @@ def available_source_version() -> str | None:
 def cached(version: str | None = None, root: str | os.PathLike[str] | None = None) -> K8sArtifacts | None:
     """The complete cache entry for ``version`` (default: newest complete one), or None."""
     base = cache_root(root) / "k8s"
-    candidates = [base / _key(version)] if version else sorted(base.glob("*/"), key=os.path.getmtime)
+    if version:
+        candidates = [base / _key(version.removeprefix("v") if is_module_version(version) else version)]
+    else:
+        # Without a version: the newest Debian-source entry (the default line), module builds only by name.
+        candidates = sorted(
+            (p for p in base.glob("*/") if not is_module_version(p.name)), key=os.path.getmtime
+        )
     for entry in reversed(candidates):
         artifacts = _load(entry)
         if artifacts is not None:
@@ -146,8 +170,12 @@ def _load(entry: Path) -> K8sArtifacts | None:
         manifest = json.loads((entry / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    artifacts = K8sArtifacts(str(manifest["debian_version"]), entry, manifest)
+    version = manifest.get("version") or manifest.get("debian_version")
+    if not version:
+        return None
+    artifacts = K8sArtifacts(str(version), entry, manifest)
     wanted = [artifacts.binary(c) for c in COMPONENTS] + [artifacts.image(i) for i in IMAGES]
+    wanted += [entry / f for f in manifest.get("files", [])]
     return artifacts if all(p.is_file() for p in wanted) else None
 
 
@@ -314,13 +342,17 @@ class _Builder:
             )
             out.rename(bindir / name)
 
-    def pause_image(self, tree: Path) -> None:
-        """Static ``/pause`` from build/pause/linux/pause.c (the registry image is out of reach)."""
+    def pause_image(self, tree: Path, wanted_tag: str | None = None) -> None:
+        """Static ``/pause`` from the tree's build/pause/linux/pause.c (the registry image is out of reach),
+        versioned with build/pause/Makefile's TAG, which must be ``wanted_tag`` when one is given."""
         target = self.entry / "images/pause.tar"
         if target.is_file():
             return
         makefile = (tree / "build/pause/Makefile").read_text()
-        tag = re.search(r"^TAG\s*\??=\s*(\S+)", makefile, re.M)
+        found = re.search(r"^TAG\s*\??=\s*(\S+)", makefile, re.M)
+        tag = found.group(1) if found else None
+        if wanted_tag is not None and tag != wanted_tag:
+            raise BuildError(f"pause {wanted_tag} is wanted but {tree}/build/pause/Makefile has TAG {tag}")
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "rootfs"
             root.mkdir()
@@ -332,12 +364,12 @@ class _Builder:
                     "-Wall",
                     "-static",
                     "-s",
-                    f"-DVERSION=v{tag.group(1) if tag else 'lab'}",
+                    f"-DVERSION=v{tag or 'lab'}",
                     "-o",
                     root / "pause",
                     tree / "build/pause/linux/pause.c",
                 ],
-                tree,
+                Path(tmp),
                 self.env(),
             )
             _write_tar(root, target)
@@ -427,10 +459,18 @@ def ensure_k8s(
 ) -> K8sArtifacts:
     """Return the cached binaries for ``version`` (default: apt's newest source), building them if needed.
 
+    An upstream release number (``1.37.2``, ``v1.37.2``) selects the build from Go modules
+    (:mod:`gpufleet_harness.cluster.k8s_modbuild`); a Debian version (``1.20.5+really1.20.2-1.1+deb12u1``)
+    the build from Debian's source package.
+
     Raises :class:`BuildError` naming what is missing when the cache is empty and the build cannot run
     (or ``build`` is False).
     """
     version = version or os.environ.get("GPUFLEET_K8S_VERSION") or available_source_version()
+    if version is not None and is_module_version(version):
+        from gpufleet_harness.cluster.k8s_modbuild import ensure_module_build
+
+        return ensure_module_build(version, root, build=build, niceness=niceness)
     if version is None:
         found = cached(root=root)
         if found is not None:
