@@ -225,8 +225,10 @@ def check_main(module, params, result, binary, release, major, main_text):
     try:
         document = parse(main_text, params["config"])
     except ConfigError as error:
-        said = f"; containerd {release} says: {err}" if rc != 0 else ""
-        fail(module, result, f"{error}{said}; left untouched")
+        if rc != 0:
+            fail(module, result, f"containerd cannot parse {params['config']}, left untouched: {error}; "
+                 f"containerd {release} says: {err}")
+        fail(module, result, f"{error} (containerd {release} loads it, tomlkit does not), left untouched")
     found = config_version(document)
     accepted = ACCEPTED_VERSIONS[major]
     wrong_version = (

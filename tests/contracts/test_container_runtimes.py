@@ -239,7 +239,7 @@ class Host:
         return int(self.containerd.split(".")[0])
 
 
-def _unreachable(record: dict[str, Any], err: Exception) -> str:
+def _unreachable(record: dict[str, Any], err: object) -> str:
     return (
         f"{record['distribution']}: Ubuntu's archive ({real.Archive.ubuntu().mirror}) did not answer "
         f"({err}); its containerd cannot run here, and "
@@ -248,12 +248,22 @@ def _unreachable(record: dict[str, Any], err: Exception) -> str:
     )
 
 
+def _unpacked(record: dict[str, Any]) -> bool:
+    """Whether the host's containerd and tomlkit are already unpacked here (no archive needed)."""
+    archives = real.state_dir() / "archives"
+    return (archives / f"containerd-{record['sha256']}").exists() and (
+        archives / f"tomlkit-{record['tomlkit']['sha256']}"
+    ).exists()
+
+
 @cache
 def host(distribution: str) -> Host:
     """The host, downloaded and unpacked once (cached on disk). Ubuntu's, when its archive does not answer:
     a skip naming what is missing (CI must not depend on that archive; its recording is checked instead)."""
     record = records()[distribution]
     binary_record = records()[record["binary_of"]] if "binary_of" in record else record
+    if record["archive"] == "ubuntu" and not _unpacked(record) and not contractlib.ubuntu_live():
+        pytest.skip(_unreachable(record, "no answer to a HEAD of jammy-updates/InRelease"))
     try:
         unpacked = containerd_dir(binary_record)
         library = tomlkit_path(record["tomlkit"])
@@ -524,6 +534,8 @@ def test_invalid_toml_is_refused_with_the_parsers_line_and_left_untouched(ctr: C
     result = ctr.run()
     assert result["failed"] and "is not valid TOML" in result["msg"] and "left untouched" in result["msg"]
     assert "line 2" in result["msg"], result["msg"]
+    # The words molecule's side effect (and an operator's grep) look for.
+    assert f"containerd cannot parse {ctr.config}, left untouched" in result["msg"]
     assert ctr.config.read_text() == broken and not ctr.drop_in.exists() and result["backups"] == []
 
 
