@@ -30,9 +30,9 @@ try:
 
     TOMLKIT_IMPORT_ERROR = None
 except ImportError as err:  # the module says what to install; the filters need none of it
-    tomlkit = None
+    tomlkit = None  # type: ignore[assignment]
     TOMLKitError = ParseError = ValueError  # type: ignore[misc,assignment]
-    Parser = None
+    Parser = None  # type: ignore[assignment,misc]
     TOMLKIT_IMPORT_ERROR = err
 
 # The plugin holding the CRI runtimes, by config version (containerd 1.x dumps version 2, 2.x dumps 3).
