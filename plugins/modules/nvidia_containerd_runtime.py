@@ -12,7 +12,12 @@ short_description: Add the NVIDIA runtime to containerd through a drop-in, keepi
 version_added: "0.1.0"
 description:
   - Writes a drop-in file that containerd loads through the C(imports) key of its main config, and adds that
-    path to C(imports). The main config is otherwise left as it is.
+    path to C(imports) unless an entry there already loads it (a pattern such as C(/etc/containerd/conf.d/*.toml),
+    which C(containerd config default) writes since 2.2). The main config is otherwise left as it is.
+  - Both files are read and written as TOML with tomlkit, which keeps the operator's comments, quoting and
+    layout; any shape of TOML containerd accepts (one-line or multi-line arrays, inline tables, dotted or quoted
+    keys) is edited, not matched. A main config that is not valid TOML fails the task, naming the parser's
+    error and line, and nothing is written.
   - containerd 1.x replaces a plugin's whole section when a drop-in sets any key of it, so there the drop-in
     carries the CRI runtime section of the main config (as C(containerd config dump) renders it) plus the
     NVIDIA runtime. Settings such as C(SystemdCgroup), the sandbox image or CNI paths therefore survive.
@@ -27,6 +32,9 @@ description:
     reports C(cri_enabled=false) and says so in C(msg), and nothing is changed.
   - Every candidate is validated with C(containerd --config FILE config dump) before anything is written; a
     main config that does not parse fails the task and nothing is changed.
+requirements:
+  - tomlkit (on the managed host, for the Python Ansible runs modules with; the role nvidia_container_toolkit
+    installs the distribution's C(python3-tomlkit) first, see docs/roles.md)
 author:
   - gpufleet contributors (@gpufleet)
 options:
@@ -104,29 +112,32 @@ import re
 import shutil
 import tempfile
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.containerd_config import (
+    ACCEPTED_VERSIONS,
+    CRI_PLUGIN_IDS,
+    CRI_RUNTIME_PLUGINS,
+    TOMLKIT_IMPORT_ERROR,
+    ConfigError,
+    config_version,
+    cri_runtime,
+    drop_in_text,
+    imports_of,
+    parse,
+    plain,
+    resolved_imports,
+    with_import,
+    with_imports,
+    without_import,
+)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.files import atomic_write
 
-# Where the CRI runtime settings live, by config version.
-CRI_PLUGIN = {2: 'plugins."io.containerd.grpc.v1.cri"', 3: 'plugins."io.containerd.cri.v1.runtime"'}
-# Any of these in disabled_plugins leaves containerd without a CRI service ("cri" is version 1's short ID,
-# Docker CE's containerd.io ships it; 2.x's CRI service needs both of its cri.v1 plugins).
-CRI_PLUGIN_IDS = (
-    "cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images",
+# Where the role says how tomlkit gets onto the host.
+TOMLKIT_HINT = (
+    "the role nvidia_container_toolkit installs it from the distribution's package "
+    "(nvidia_container_toolkit_python_packages: python3-tomlkit; on EL 9 from EPEL; EL 8 has no package, "
+    "install tomlkit for this interpreter yourself or point ansible_python_interpreter at one that has it)"
 )
-# Config versions each containerd major loads: 2.x migrates version 2 on every start.
-ACCEPTED_VERSIONS = {1: (2,), 2: (2, 3)}
-HEADER = re.compile(r"^\s*\[([^\[\]]+)\]\s*$")
-IMPORTS = re.compile(r"^imports\s*=\s*\[(.*)\]\s*$")
-MANAGED = "# Managed by gpufleet (role nvidia_container_toolkit): regenerated each run; edit config.toml.\n"
-
-
-def normalize(name):
-    return name.strip().replace("'", '"')
-
-
-def in_table(name, prefix):
-    return name == prefix or name.startswith(prefix + ".")
 
 
 def containerd_version(module, binary):
@@ -140,178 +151,6 @@ def containerd_version(module, binary):
 def dump(module, binary, path):
     rc, out, err = module.run_command([binary, "--config", path, "config", "dump"])
     return rc, out, err.strip()
-
-
-def top_level_end(lines):
-    """Index of the first table header (top-level keys live above it)."""
-    for index, line in enumerate(lines):
-        if HEADER.match(line) or line.lstrip().startswith("[["):
-            return index
-    return len(lines)
-
-
-def without_imports(text):
-    lines = text.splitlines(True)
-    end = top_level_end(lines)
-    return "".join(line for i, line in enumerate(lines) if not (i < end and IMPORTS.match(line.strip())))
-
-
-def top_level_list(text, key):
-    """The strings of a top-level TOML array (either quote style), e.g. disabled_plugins."""
-    lines = text.splitlines()
-    for line in lines[: top_level_end(lines)]:
-        found = re.match(rf"^\s*{key}\s*=\s*\[(.*)\]\s*$", line)
-        if found:
-            return [a or b for a, b in re.findall(r'"([^"]*)"|\'([^\']*)\'', found.group(1))]
-    return []
-
-
-def in_tables(lines):
-    """(table, line) for each line that is not a table header: the normalized name of the table the line
-    belongs to (None before the first header)."""
-    current = None
-    for line in lines:
-        header = HEADER.match(line)
-        if header:
-            current = normalize(header.group(1))
-            continue
-        yield current, line
-
-
-def table_value(dumped, table, key):
-    """A string value of one table in a config dump, whichever quote style the dump uses."""
-    for current, line in in_tables(dumped.splitlines()):
-        found = re.match(rf"^\s*{key}\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", line)
-        if current == table and found:
-            return found.group(1) if found.group(1) is not None else found.group(2)
-    return None
-
-
-def config_version_of(text):
-    lines = text.splitlines()
-    for line in lines[: top_level_end(lines)]:
-        found = re.match(r"^\s*version\s*=\s*(\d+)", line)
-        if found:
-            return int(found.group(1))
-    return 1
-
-
-def cri_section(dumped, plugin):
-    """Lines of the CRI plugin's tables in a config dump, in order."""
-    region, inside = [], False
-    for line in dumped.splitlines():
-        header = HEADER.match(line)
-        if header:
-            inside = in_table(normalize(header.group(1)), plugin)
-        if inside:
-            region.append(line)
-    return region
-
-
-def edit_section(region, plugin, name, set_default):
-    """Drop an old runtime entry of this name and point default_runtime_name at it when asked."""
-    runtime = f"{plugin}.containerd.runtimes.{name}"
-    containerd_table = f"{plugin}.containerd"
-    out, skip, current, seen_default = [], False, None, False
-    for line in region:
-        header = HEADER.match(line)
-        if header:
-            current = normalize(header.group(1))
-            skip = in_table(current, runtime)
-            if not skip and current == containerd_table:
-                out.append(line)
-                if set_default:
-                    out.append(f'  default_runtime_name = "{name}"')
-                    seen_default = True
-                continue
-        if skip:
-            continue
-        if set_default and current == containerd_table and re.match(r"^\s*default_runtime_name\s*=", line):
-            continue
-        out.append(line)
-    if set_default and not seen_default:
-        out += ["", f"[{containerd_table}]", f'  default_runtime_name = "{name}"']
-    return out
-
-
-def runc_systemd_cgroup(region, plugin):
-    options = f"{plugin}.containerd.runtimes.runc.options"
-    for current, line in in_tables(region):
-        found = re.match(r"^\s*SystemdCgroup\s*=\s*(true|false)", line)
-        if current == options and found:
-            return found.group(1) == "true"
-    return False
-
-
-def render_drop_in(version, region, plugin, params, systemd_cgroup):
-    runtime = "{}.containerd.runtimes.{}".format(plugin, params["runtime_name"])
-    lines = [MANAGED.rstrip("\n"), f"version = {version}", ""]
-    lines += region
-    lines += [
-        "",
-        f"[{runtime}]",
-        '  runtime_type = "io.containerd.runc.v2"',
-        "  privileged_without_host_devices = false",
-        "",
-        f"[{runtime}.options]",
-        '  BinaryName = "{}"'.format(params["binary"]),
-        "  SystemdCgroup = %s" % ("true" if systemd_cgroup else "false"),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def render_main(text, version, drop_in):
-    if text is None:
-        return f'version = {version}\nimports = ["{drop_in}"]\n'
-    lines = text.splitlines(True)
-    end = top_level_end(lines)
-    for index in range(end):
-        found = IMPORTS.match(lines[index].strip())
-        if found:
-            entries = re.findall(r'"([^"]*)"|\'([^\']*)\'', found.group(1))
-            paths = [a or b for a, b in entries]
-            if drop_in in paths:
-                return text
-            paths.append(drop_in)
-            lines[index] = "imports = [{}]\n".format(", ".join(f'"{p}"' for p in paths))
-            return "".join(lines)
-    insert_at = 0
-    for index in range(end):
-        if re.match(r"^\s*version\s*=", lines[index]):
-            insert_at = index + 1
-    if insert_at and not lines[insert_at - 1].endswith("\n"):
-        lines[insert_at - 1] += "\n"
-    lines.insert(insert_at, f'imports = ["{drop_in}"]\n')
-    return "".join(lines)
-
-
-def remove_import(text, drop_in):
-    lines = text.splitlines(True)
-    for index in range(top_level_end(lines)):
-        found = IMPORTS.match(lines[index].strip())
-        if found:
-            entries = re.findall(r'"([^"]*)"|\'([^\']*)\'', found.group(1))
-            paths = [a or b for a, b in entries if (a or b) != drop_in]
-            lines[index] = "imports = [{}]\n".format(", ".join(f'"{p}"' for p in paths)) if paths else ""
-    return "".join(lines)
-
-
-def absent(module, params, result):
-    main_text = read(params["config"])
-    new_main = remove_import(main_text, params["drop_in"]) if main_text is not None else None
-    if new_main != main_text:
-        result["changed"] = True
-        if not module.check_mode:
-            write(module, params["config"], new_main, result["backups"])
-    if os.path.exists(params["drop_in"]):
-        result["changed"] = True
-        if not module.check_mode:
-            if params["backup"]:
-                result["backups"].append(module.backup_local(params["drop_in"]))
-            os.unlink(params["drop_in"])
-    result["msg"] = "runtime {} removed from containerd".format(params["runtime_name"]) if result["changed"] \
-        else "containerd had no runtime {} of this module".format(params["runtime_name"])
-    module.exit_json(**result)
 
 
 def fail(module, result, msg):
@@ -332,6 +171,87 @@ def write(module, path, text, backups):
     atomic_write(path, text, 0o644, move=module.atomic_move)
 
 
+def scratch(workdir, name, text):
+    path = os.path.join(workdir, name)
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def absent(module, params, result, main_text, config_dir):
+    new_main = main_text
+    if main_text is not None:
+        name = params["config"]
+        try:
+            new_main = without_import(main_text, params["drop_in"], config_dir, name)
+            loads = resolved_imports(imports_of(parse(new_main, name)), config_dir, params["drop_in"], None)
+            candidate = with_imports(new_main, loads, name)
+        except ConfigError as err:
+            fail(module, result, f"{err}; left untouched")
+        if new_main != main_text:
+            workdir = tempfile.mkdtemp(prefix="gpufleet-containerd-")
+            try:
+                rc, _, err = dump(module, params["containerd"], scratch(workdir, "config.toml", candidate))
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if rc != 0:
+                fail(module, result, f"{name} without the import does not validate, left untouched: {err}")
+    diffs = []
+    if new_main != main_text:
+        result["changed"] = True
+        diffs.append(dict(before_header=params["config"], after_header=params["config"], before=main_text,
+                          after=new_main))
+        if not module.check_mode:
+            write(module, params["config"], new_main, result["backups"])
+    if os.path.exists(params["drop_in"]):
+        result["changed"] = True
+        diffs.append(dict(before_header=params["drop_in"], after_header="/dev/null",
+                          before=read(params["drop_in"]), after=""))
+        if not module.check_mode:
+            if params["backup"]:
+                result["backups"].append(module.backup_local(params["drop_in"]))
+            os.unlink(params["drop_in"])
+    result["msg"] = "runtime {} removed from containerd".format(params["runtime_name"]) if result["changed"] \
+        else "containerd had no runtime {} of this module".format(params["runtime_name"])
+    if module._diff:
+        result["diff"] = diffs
+    module.exit_json(**result)
+
+
+def check_main(module, params, result, binary, release, major, main_text):
+    """The main config's version, after refusing one that is not TOML, does not load, has another version
+    than this containerd loads, or leaves containerd without CRI (exits unchanged: nothing to do)."""
+    rc, dumped, err = dump(module, binary, params["config"])
+    try:
+        document = parse(main_text, params["config"])
+    except ConfigError as error:
+        if rc != 0:
+            fail(module, result, f"containerd cannot parse {params['config']}, left untouched: {error}; "
+                 f"containerd {release} says: {err}")
+        fail(module, result, f"{error} (containerd {release} loads it, tomlkit does not), left untouched")
+    found = config_version(document)
+    accepted = ACCEPTED_VERSIONS[major]
+    wrong_version = (
+        f"{params['config']} is containerd config version {found} but containerd {release} loads "
+        f"version {' or '.join(map(str, accepted))}; migrate it first (containerd config migrate, "
+        f"containerd 2.x), left untouched")
+    if rc != 0:
+        fail(module, result, wrong_version if found > max(accepted)
+             else f"containerd cannot parse {params['config']}, left untouched: {err}")
+    disabled = [p for p in plain(parse(dumped, "containerd config dump")).get("disabled_plugins", [])
+                if p in CRI_PLUGIN_IDS]
+    if disabled:
+        result.update(
+            cri_enabled=False,
+            msg=f"containerd's CRI plugin is disabled in {params['config']} (disabled_plugins: "
+            f"{', '.join(disabled)}), so this containerd serves no Kubernetes pods: left alone",
+        )
+        module.exit_json(**result)
+    if found not in accepted:
+        fail(module, result, wrong_version)
+    return found
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -347,78 +267,69 @@ def main():
         ),
         supports_check_mode=True,
     )
+    if TOMLKIT_IMPORT_ERROR is not None:
+        module.fail_json(msg=f"{missing_required_lib('tomlkit')} ({TOMLKIT_HINT})",
+                         exception=str(TOMLKIT_IMPORT_ERROR))
     params = module.params
+    params["config"] = os.path.abspath(params["config"])
+    params["drop_in"] = os.path.abspath(params["drop_in"])
+    config_dir = os.path.dirname(params["config"])
     binary = params["containerd"]
     release, major = containerd_version(module, binary)
     major = min(major, 2)
     # containerd 2.x always dumps version 3; 1.x dumps version 2.
-    dump_plugin = CRI_PLUGIN[3 if major >= 2 else 2]
+    dump_plugin = CRI_RUNTIME_PLUGINS[3 if major >= 2 else 2]
     main_text = read(params["config"])
     result = dict(changed=False, cri_enabled=True, containerd_version=release, backups=[], msg="")
     if params["state"] == "absent":
-        absent(module, params, result)
+        absent(module, params, result, main_text, config_dir)
 
     version = 3 if major >= 2 else 2
     if main_text is not None:
-        rc, dumped, err = dump(module, binary, params["config"])
-        found = config_version_of(main_text)
-        accepted = ACCEPTED_VERSIONS[major]
-        wrong_version = (
-            f"{params['config']} is containerd config version {found} but containerd {release} loads "
-            f"version {' or '.join(map(str, accepted))}; migrate it first (containerd config migrate, "
-            f"containerd 2.x), left untouched")
-        if rc != 0:
-            fail(module, result, wrong_version if found > max(accepted)
-                 else f"containerd cannot parse {params['config']}, left untouched: {err}")
-        disabled = [p for p in top_level_list(dumped, "disabled_plugins") if p in CRI_PLUGIN_IDS]
-        if disabled:
-            result.update(
-                cri_enabled=False,
-                msg=f"containerd's CRI plugin is disabled in {params['config']} (disabled_plugins: "
-                f"{', '.join(disabled)}), so this containerd serves no Kubernetes pods: left alone",
-            )
-            module.exit_json(**result)
-        if found not in accepted:
-            fail(module, result, wrong_version)
-        version = found
+        version = check_main(module, params, result, binary, release, major, main_text)
     result["config_version"] = version
-    plugin = CRI_PLUGIN[version]
+    name = params["config"]
+    own = {"name": params["runtime_name"], "binary": params["binary"], "set_default": params["set_default"]}
 
     workdir = tempfile.mkdtemp(prefix="gpufleet-containerd-")
     try:
-        base = os.path.join(workdir, "base.toml")
-        with open(base, "w") as handle:
-            handle.write(without_imports(main_text) if main_text is not None else f"version = {version}\n")
-        rc, dumped, err = dump(module, binary, base)
+        # What containerd makes of the host's configs without this module's drop-in.
+        if main_text is None:
+            base_text = f"version = {version}\n"
+        else:
+            base_text = with_imports(main_text, resolved_imports(
+                imports_of(parse(main_text, name)), config_dir, params["drop_in"], None), name)
+        rc, dumped, err = dump(module, binary, scratch(workdir, "base.toml", base_text))
         if rc != 0:
             fail(module, result, f"containerd cannot dump the base config: {err}")
-        region = cri_section(dumped, dump_plugin)
-        if not region:
-            fail(module, result, f"no [{dump_plugin}] section in containerd's config dump")
-        systemd_cgroup = params["systemd_cgroup"]
-        if systemd_cgroup is None:
-            systemd_cgroup = runc_systemd_cgroup(region, dump_plugin)
+        section = plain(parse(dumped, "containerd config dump")).get("plugins", {}).get(dump_plugin)
+        if section is None:
+            fail(module, result, f"no [plugins.\"{dump_plugin}\"] section in containerd's config dump")
+        own["systemd_cgroup"] = params["systemd_cgroup"]
+        if own["systemd_cgroup"] is None:
+            runc = section.get("containerd", {}).get("runtimes", {}).get("runc", {})
+            own["systemd_cgroup"] = runc.get("options", {}).get("SystemdCgroup", False) is True
         # 1.x replaces the CRI section with the drop-in's, so the drop-in carries all of it; 2.x merges.
-        carried = region if major < 2 else []
-        carried = edit_section(carried, plugin, params["runtime_name"], params["set_default"])
-        new_drop_in = render_drop_in(version, carried, plugin, params, systemd_cgroup)
-        new_main = render_main(main_text, version, params["drop_in"])
+        new_drop_in = drop_in_text(version, section if major < 2 else {}, own)
+        if main_text is None:
+            new_main = f"version = {version}\nimports = [\"{params['drop_in']}\"]\n"
+        else:
+            new_main = with_import(main_text, params["drop_in"], config_dir, name)
 
         # Validate the candidate pair before touching the real files.
-        candidate_drop_in = os.path.join(workdir, "drop-in.toml")
-        candidate_main = os.path.join(workdir, "config.toml")
-        with open(candidate_drop_in, "w") as handle:
-            handle.write(new_drop_in)
-        with open(candidate_main, "w") as handle:
-            handle.write(new_main.replace('"{}"'.format(params["drop_in"]), f'"{candidate_drop_in}"'))
-        rc, merged, err = dump(module, binary, candidate_main)
-        runtime = "{}.containerd.runtimes.{}".format(dump_plugin, params["runtime_name"])
+        candidate = scratch(workdir, "drop-in.toml", new_drop_in)
+        loads = resolved_imports(imports_of(parse(new_main, name)), config_dir, params["drop_in"], candidate)
+        rc, merged, err = dump(module, binary, scratch(workdir, "config.toml", with_imports(new_main, loads, name)))
         if rc != 0:
             fail(module, result, f"the merged containerd config does not validate: {err}")
-        found = table_value(merged, runtime + ".options", "BinaryName")
-        if found != params["binary"]:
-            fail(module, result, f"the merged containerd config does not carry the drop-in: [{runtime}.options] "
-                 f"has BinaryName {found!r}, not {params['binary']!r}")
+        found = cri_runtime(plain(parse(merged, "containerd config dump")), params["runtime_name"])
+        binary_name = found["runtime"].get("options", {}).get("BinaryName")
+        if binary_name != params["binary"]:
+            fail(module, result, f"the merged containerd config does not carry the drop-in: runtime "
+                 f"{params['runtime_name']} of {found['plugin']} has BinaryName {binary_name!r}, "
+                 f"not {params['binary']!r}")
+    except ConfigError as error:
+        fail(module, result, f"{error}; left untouched")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -331,10 +331,11 @@ def _role_uses(fact: Fact) -> tuple[bool, str]:
 
 
 def run_play(
-    playbook: Path, cwd: Path, env: Mapping[str, str] | None = None
+    playbook: Path, cwd: Path, env: Mapping[str, str] | None = None, flags: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     """ansible-playbook PLAYBOOK on localhost, with this venv's Python, the checkout's roles and plain
-    output; `env` adds to the environment (a collections path, a PATH with stand-in binaries)."""
+    output; `env` adds to the environment (a collections path, a PATH with stand-in binaries), `flags` to
+    the command line (--check --diff: ansible_check_mode follows the command line, not a play's keyword)."""
     environ = {
         **os.environ,
         "ANSIBLE_ROLES_PATH": str(ROLES),
@@ -344,7 +345,7 @@ def run_play(
         **(env or {}),
     }
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
-            "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)]  # fmt: skip
+            "-e", f"ansible_python_interpreter={sys.executable}", *flags, str(playbook)]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, env=environ, cwd=cwd, check=False)
 
 

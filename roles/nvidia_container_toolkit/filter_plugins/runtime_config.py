@@ -1,6 +1,10 @@
 # Copyright: gpufleet contributors
 # Apache-2.0
-"""Filters reading container runtime configs as TOML on the controller (a host's Python may lack tomllib)."""
+"""Filters reading container runtime configs as TOML on the controller (a host's Python may lack tomllib).
+
+containerd's CRI plugin IDs and how a config dump names its runtimes live in the collection's module_utils
+(containerd_config.py), which the nvidia_containerd_runtime module uses on the host: one home for both.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import re
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.containerd_config import cri_runtime
 
 try:
     import tomllib  # Python 3.11+, which ansible-core 2.18+ requires on the controller
@@ -23,7 +28,6 @@ NVIDIA_DEFAULT_LOW_LEVEL_RUNTIMES = ["docker-runc", "runc", "crun"]
 # Keys of a CRI-O runtime that must not be copied into the nvidia runtime: a per-platform path replaces
 # runtime_path on that platform, so a copied one would run the base runtime instead of NVIDIA's.
 CRIO_NOT_COPIED = ("platform_runtime_paths",)
-CONTAINERD_CRI = ("io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri")
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -40,16 +44,7 @@ def containerd_cri_runtime(dump: str, name: str) -> dict[str, Any]:
 
     Returns {"default_runtime_name": ..., "runtime": {...} or {}} whatever quoting or version the dump uses.
     """
-    plugins = from_toml(dump).get("plugins", {})
-    for plugin in CONTAINERD_CRI:
-        containerd = plugins.get(plugin, {}).get("containerd")
-        if containerd is not None:
-            return {
-                "plugin": plugin,
-                "default_runtime_name": containerd.get("default_runtime_name", ""),
-                "runtime": containerd.get("runtimes", {}).get(name, {}),
-            }
-    return {"plugin": None, "default_runtime_name": "", "runtime": {}}
+    return cri_runtime(from_toml(dump), name)
 
 
 def crio_nvidia_runtime(config: str, path: str, base: str = "") -> dict[str, Any]:
