@@ -32,6 +32,17 @@ def test_topo_on_a_simulated_t4_box(sim_root: Callable[[str], Path]) -> None:
     assert proc.stdout.splitlines()[1:3] == ["GPU0\t X \tNODE\t0-63\t0\tN/A", "GPU1\tNODE\t X \t0-63\t0\tN/A"]
 
 
+def test_topo_of_the_recorded_h200_vm_gives_its_numa_affinity_as_nvidia_smi_did(
+    sim_root: Callable[[str], Path],
+) -> None:
+    """sysfs numa_node -1 (a VM): the GPU is near every node, so NUMA Affinity is the host's online nodes,
+    `0` where the real nvidia-smi printed `0` (tests/realgpu/h200-580.159.04/smi-topo.txt), not N/A."""
+    proc = run_in_sim(sim_root("firecracker-vm-h200"), ["-m", "gpufleet.cli", "gpu", "topo"])
+    assert proc.returncode == 0, proc.stderr
+    cells = proc.stdout.splitlines()[1].split("\t")
+    assert cells[:2] == ["GPU0", " X "] and cells[3] == "0"
+
+
 def test_facts_summary_shows_the_vm_problems_of_an_esxi_guest(sim_root: Callable[[str], Path]) -> None:
     proc = run_in_sim(sim_root("esxi-vm-small-mmio"), ["-m", "gpufleet.cli", "gpu", "facts"])
     assert proc.returncode == 0, proc.stderr

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from .device import Gpu
 from .facts import GpuFacts, discover
+from .host import host_path, read_text
 from .topology import Topology
 
 LEGEND = """\
@@ -22,15 +24,19 @@ Legend:
 """
 
 
-def format_topology(topology: Topology, gpus: list[Gpu]) -> str:
-    """The matrix the way `nvidia-smi topo -m` lays it out: tab-separated, affinity columns last."""
+def format_topology(topology: Topology, gpus: list[Gpu], online_nodes: str | None = None) -> str:
+    """The matrix the way `nvidia-smi topo -m` lays it out: tab-separated, affinity columns last.
+
+    A GPU without a NUMA node (sysfs numa_node -1, as in most VMs) is near every node: its NUMA affinity is
+    `online_nodes` (the host's /sys/devices/system/node/online), as NVML's memory affinity and nvidia-smi
+    say it (`0` on the recorded one-node H200 VM), else N/A."""
     by_index = {gpu.index: gpu for gpu in gpus}
     labels = [f"GPU{index}" for index in topology.indices]
     lines = ["\t" + "\t".join([*labels, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
     for label, index, row in zip(labels, topology.indices, topology.matrix, strict=True):
         gpu = by_index[index]
         cells = [f" {cell} " if cell == "X" else cell for cell in row]
-        numa = "N/A" if gpu.numa_node is None else str(gpu.numa_node)
+        numa = str(gpu.numa_node) if gpu.numa_node is not None else online_nodes or "N/A"
         # GPU NUMA ID names memory a GPU exposes as a NUMA node (coherent Grace systems): never here.
         lines.append("\t".join([label, *cells, gpu.local_cpulist or "N/A", numa, "N/A"]))
     return "\n".join(lines) + "\n\n" + LEGEND
@@ -118,7 +124,8 @@ def _topo(args: argparse.Namespace) -> int:
     if facts.topology is None:
         print(f"no topology: NVML is not available ({facts.nvml_error})")
         return 1
-    print(format_topology(facts.topology, facts.gpus), end="")
+    online = read_text(host_path(Path(facts.host_root), "/sys/devices/system/node/online")) or None
+    print(format_topology(facts.topology, facts.gpus, online), end="")
     return 0
 
 
