@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +100,8 @@ class State:
     """The whole content of a state file."""
 
     next_id: int = 1
-    loads: list[Load] = None  # type: ignore[assignment]
-    settled: dict[int, Settled] = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.loads = list(self.loads or [])
-        self.settled = dict(self.settled or {})
+    loads: list[Load] = field(default_factory=list)
+    settled: dict[int, Settled] = field(default_factory=dict)
 
     def text(self) -> str:
         lines = [f"next {self.next_id}"]
@@ -127,7 +123,8 @@ def parse(text: str) -> State:
                 state.settled[s.gpu] = s
             elif len(words) == 14 and words[0] == "load":
                 n = [int(w) for w in words[1:13]]
-                state.loads.append(Load(*n, name=words[13]))  # type: ignore[arg-type]
+                state.loads.append(Load(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], n[10],
+                                        n[11], words[13]))
         except ValueError:
             continue
     state.next_id = max([state.next_id, *(ld.id + 1 for ld in state.loads)])
