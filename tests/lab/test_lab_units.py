@@ -208,6 +208,7 @@ def test_staged_sim_root_has_real_files_and_a_device_script(sim_lib: Path, tmp_p
     # MIG-capable GPUs: their capability nodes too (a MIG device's pod is given its GI/CI nodes), in /dev's
     # nvidia-caps/ and in the host view's
     staged = hostsetup.stage_sim("dgx-a100", tmp_path / "dgx", sim_lib)
+    assert (staged / "workloads").is_dir()  # GPU containers get it writable (the burner registers there)
     dgx = (staged / "bin/gpufleet-sim-devices").read_text()
     assert dgx.count("mkdir -p /dev/nvidia-caps\n") == 1
     assert f"mkdir -p {hostsetup.SIM_DIR}/host/dev/nvidia-caps\n" in dgx
@@ -252,6 +253,20 @@ def test_runtime_injects_only_the_visible_gpus(tmp_path: Path) -> None:
     assert not wanted - allowed
     assert [g["uuid"] for g in shim["visible"]({"NVIDIA_VISIBLE_DEVICES": "GPU-bbb,2"}, MACHINE["gpus"])] == [
         "GPU-bbb", "GPU-ccc"]  # fmt: skip
+
+
+def test_runtime_gives_gpu_containers_the_workloads_directory_writable(tmp_path: Path) -> None:
+    """A GPU burner in the container registers its workloads in the sim root's workloads/: that one directory
+    is mounted read-write inside the read-only root, after it (mounts apply in order)."""
+    shim = _runtime(tmp_path, MACHINE)
+    (tmp_path / "sim" / "workloads").mkdir()
+    config = _bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
+    assert shim["inject"](str(config)) is True
+    mounts = {m["destination"]: m for m in json.loads(config.read_text())["mounts"]}
+    root, workloads = str(tmp_path / "sim"), str(tmp_path / "sim" / "workloads")
+    assert "ro" in mounts[root]["options"] and "rw" in mounts[workloads]["options"]
+    assert list(mounts).index(workloads) > list(mounts).index(root)
+    assert mounts[workloads]["source"] == workloads
 
 
 @pytest.mark.parametrize("env", [[], ["NVIDIA_VISIBLE_DEVICES=none"], ["NVIDIA_VISIBLE_DEVICES=void"]])

@@ -5,6 +5,7 @@ serves every in-cluster piece the Ansible modules deploy and the validation suit
 
 - ``ENTRYPOINT python3 -m gpufleet.deviceplugin``: the device plugin DaemonSet (args ``--config ...``);
 - ``gpufleet-extender`` on PATH: the scheduler extender Deployment (``command: [gpufleet-extender, serve]``);
+- ``gpufleet-sim-burn`` on PATH: keeps the pod's GPUs busy while it runs (the simulator's workloads).
 - ``nvidia-smi`` on PATH: the GPU simulator's ``gpufleet-sim-smi`` for workload pods. NVML comes from the
   simulated ``libnvidia-ml.so.1`` of a sim root that the pod mounts (hostPath) and names in
   ``LD_LIBRARY_PATH`` / ``GPUFLEET_SIM_ROOT``, as the NVIDIA container toolkit would mount the real driver.
@@ -300,6 +301,8 @@ def _add_overlay(tar: tarfile.TarFile, deps: Path) -> None:
         "gpufleet-extender": '#!/bin/sh\nexec python3 -m gpufleet.extender "$@"\n',
         "gpufleet-device-plugin": '#!/bin/sh\nexec python3 -m gpufleet.deviceplugin "$@"\n',
         "gpufleet-sim-smi": '#!/bin/sh\nexec python3 -m gpufleet_harness.sim.smi "$@"\n',
+        # a GPU burner for test pods: their GPUs show busy while it runs (docs/simulator.md, "Workloads")
+        "gpufleet-sim-burn": '#!/bin/sh\nexec python3 -m gpufleet_harness.sim.burn "$@"\n',
     }
     for name, text in wrappers.items():
         _add_bytes(tar, f"./usr/local/bin/{name}", text.encode(), 0o755)

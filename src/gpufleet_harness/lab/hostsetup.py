@@ -56,6 +56,7 @@ _SMI_SOURCES = (
     "gpufleet/yamlfile.py",
     "gpufleet_harness/sim/control.py",
     "gpufleet_harness/sim/machine.py",
+    "gpufleet_harness/sim/workload.py",
 )
 
 KUBELET_UNIT = """\

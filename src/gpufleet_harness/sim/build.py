@@ -28,6 +28,9 @@ DEFAULT_HEADER = Path("/usr/include/nvml.h")
 NVML_DEV_PACKAGE = "nvidia-nvml-dev"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-std=gnu11"]
+# Libraries it links: a shared object may leave symbols undefined, so a missing one would only show when a
+# program without them loaded (libm's exp, lround) opens the library; they are part of the build key.
+LIBS = ["-lpthread", "-lm"]
 # Only NVML's names are exported; internal helpers stay local.
 VERSION_SCRIPT = "{\n  global: nvml*;\n  local: *;\n};\n"
 
@@ -94,7 +97,7 @@ def build_key(cc: str, header: Path) -> str:
     h = hashlib.sha256()
     for p in [*_sources(), header]:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join([cc, *CFLAGS]).encode())
+    h.update(" ".join([cc, *CFLAGS, *LIBS]).encode())
     return h.hexdigest()[:16]
 
 
@@ -118,7 +121,7 @@ def build_library(*, force: bool = False, quiet: bool = True) -> Path:
         (work / "exports.map").write_text(VERSION_SCRIPT)
         cmd = [cc, *CFLAGS, f"-I{header.parent}", f"-I{NATIVE_DIR}", "-o", str(work / LIBRARY_NAME),
                *map(str, sources), str(work / "stubs.c"),
-               f"-Wl,-soname,{LIBRARY_NAME}", f"-Wl,--version-script={work / 'exports.map'}", "-lpthread"]
+               f"-Wl,-soname,{LIBRARY_NAME}", f"-Wl,--version-script={work / 'exports.map'}", *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"compiling the GPU simulator failed:\n{' '.join(cmd)}\n{proc.stderr}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpufleet.files import atomic_write
 from gpufleet_harness.sim import machine as simmachine
+from gpufleet_harness.sim import workload
 
 
 class InjectError(ValueError):
@@ -19,7 +20,13 @@ class InjectError(ValueError):
 
 
 USAGE = ("driver loaded|unloaded, fabricmanager running|stopped, gpu N lost|ok|reset, xid N CODE [GI CI], "
-         "ecc-dbe N COUNT, library missing|present")
+         "ecc-dbe N COUNT, library missing|present, load N [util U] [memory-util U] [encoder U] [decoder U] "
+         "[pid P] [memory MIB] [name NAME] [seconds S], idle N|all, clock SECONDS|+SECONDS|real")
+# The options of `load`, each followed by its value: option → (keyword of workload.start, type).
+LOAD_OPTIONS: dict[str, tuple[str, type]] = {
+    "util": ("util", int), "memory-util": ("mem_util", int), "encoder": ("enc", int), "decoder": ("dec", int),
+    "pid": ("pid", int), "memory": ("memory_mib", int), "name": ("name", str), "seconds": ("seconds", float),
+}
 
 
 @dataclass
@@ -29,6 +36,7 @@ class ControlState:
     driver_loaded: bool = True
     fabricmanager: str | None = None  # "running" / "stopped"; None where the machine has no NVSwitch
     lost: set[int] = field(default_factory=set)
+    clock_ms: int | None = None  # the frozen sim clock (ms since boot); None: the real CLOCK_BOOTTIME
 
 
 def read_control(root: str | os.PathLike[str]) -> ControlState:
@@ -46,13 +54,15 @@ def read_control(root: str | os.PathLike[str]) -> ControlState:
             state.fabricmanager = words[1]
         elif len(words) >= 3 and words[0] == "gpu" and words[1].isdigit() and words[2] == "lost":
             state.lost.add(int(words[1]))
+        elif len(words) == 2 and words[0] == "clock" and words[1].isdigit():
+            state.clock_ms = int(words[1])
     return state
 
 
 def save_control(root: str | os.PathLike[str], state: ControlState) -> None:
     """Rewrite the control file atomically."""
     simmachine.write_control(Path(root), driver_loaded=state.driver_loaded, fabricmanager=state.fabricmanager,
-                             lost=state.lost)
+                             lost=state.lost, clock_ms=state.clock_ms)
 
 
 def reset_gpu_mig(root: str | os.PathLike[str], machine: dict, gpu: int) -> None:
@@ -182,6 +192,17 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
                 raise InjectError(f"GPU {n} has no compute instance {mig[1]} in GPU instance {mig[0]}")
         append_event(root, what, n, value, mig)
         return f"{what} {n} {value}" + (f" (GI {mig[0]} CI {mig[1]})" if mig else "")
+    if what == "load":
+        return _load(root, m, words)
+    if what == "idle":
+        if len(words) != 2:
+            raise InjectError("usage: idle N|all")
+        gpu = None if words[1] == "all" else _gpu(words[1], m)
+        stopped = workload.stop(root, gpu=gpu)
+        where = "every GPU" if gpu is None else f"GPU {gpu}"
+        return f"{where} idle ({len(stopped)} workload{'s' if len(stopped) != 1 else ''} stopped)"
+    if what == "clock":
+        return _clock(root, state, words)
     if what == "library":
         present = _choice(words, ("missing", "present")) == "present"
         try:
@@ -190,3 +211,59 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
             raise InjectError(str(e)) from None
         return f"library {'present' if present else 'missing'}"
     raise InjectError(f"unknown injection {what!r}; one of: {USAGE}")
+
+
+def _load(root: Path, machine: dict, words: list[str]) -> str:
+    """`load N [option value]...`: a workload on GPU N from now (see workload.start)."""
+    if len(words) < 2 or len(words) % 2:
+        raise InjectError(f"usage: load N [{'|'.join(LOAD_OPTIONS)} VALUE]...")
+    gpu = _gpu(words[1], machine)
+    kwargs: dict = {}
+    for option, value in zip(words[2::2], words[3::2], strict=True):
+        if option not in LOAD_OPTIONS:
+            raise InjectError(f"load: unknown option {option!r}; one of: {', '.join(LOAD_OPTIONS)}")
+        key, kind = LOAD_OPTIONS[option]
+        if kind is int:
+            kwargs[key] = _int(value, option)
+        elif kind is float:
+            try:
+                kwargs[key] = float(value)
+            except ValueError:
+                raise InjectError(f"{option} must be a number, got {value!r}") from None
+        else:
+            kwargs[key] = value
+    try:
+        load = workload.start(root, gpu, **kwargs)
+    except workload.WorkloadError as e:
+        raise InjectError(str(e)) from None
+    seconds = (load.end_ms - load.start_ms) / 1000
+    until = "until stopped" if load.end_ms == workload.NO_END else f"for {seconds:g} s"
+    return (f"load {load.id} on GPU {gpu}: {load.util} % busy, pid {load.pid} ({load.name}), "
+            f"{load.memory_mib} MiB, {until}")
+
+
+def _clock(root: Path, state: ControlState, words: list[str]) -> str:
+    """`clock SECONDS|+SECONDS|real`: freeze the sim clock at SECONDS since boot, step it, or follow the
+    host's. A frozen clock only moves forward: readings already taken would otherwise change."""
+    if len(words) != 2:
+        raise InjectError("usage: clock SECONDS|+SECONDS|real")
+    if words[1] == "real":
+        state.clock_ms = None
+        save_control(root, state)
+        return "clock real"
+    text = words[1]
+    try:
+        seconds = float(text.lstrip("+"))
+    except ValueError:
+        raise InjectError(f"clock: seconds since boot, +seconds or real, got {text!r}") from None
+    if not 0 <= seconds < 1e12:
+        raise InjectError(f"clock: seconds must be 0 or more, got {text!r}")
+    ms = round(seconds * 1000)
+    if text.startswith("+"):
+        ms += workload.now_ms(root) if state.clock_ms is None else state.clock_ms
+    elif state.clock_ms is not None and ms < state.clock_ms:
+        raise InjectError(f"clock: the sim clock stands at {state.clock_ms / 1000:g} s and only moves "
+                          f"forward, asked {seconds:g} s")
+    state.clock_ms = ms
+    save_control(root, state)
+    return f"clock {ms / 1000:g} s"

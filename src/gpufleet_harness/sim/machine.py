@@ -23,6 +23,7 @@ from typing import Any
 
 from gpufleet.files import atomic_write
 from gpufleet.yamlfile import YamlFileError, read_yaml
+from gpufleet_harness.sim import workload
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 SCHEMA = 1
@@ -486,6 +487,10 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     if idle_power_mw is not None:
         idle_power_mw = _int(idle_power_mw, "gpu.idle_power_mw", 1, power_limit_mw)
     idle_temp = _int(model.get("idle_temperature_c", 30), "gpu.idle_temperature_c", 0, 120)
+
+    def idle_mw(i: int) -> int:
+        base = idle_power_mw if idle_power_mw is not None else power_limit_mw * 15 // 100
+        return int(min(base + 1000 * (i % 7), power_limit_mw))
     total, reserved = _memory(model)
     bar1_mib = model.get("bar1_mib", 256 if arch < ARCHITECTURES["ampere"] else 131072)
     bar1_total = _int(bar1_mib, "gpu.bar1_mib", 1, 1 << 24) * MIB
@@ -572,8 +577,9 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             "clock_event_reasons": CLOCK_EVENT_IDLE,
             "power_limit_mw": power_limit_mw,
             "power_min_mw": power_min_mw,
-            "power_usage_mw": (idle_power_mw if idle_power_mw is not None else power_limit_mw * 15 // 100)
-            + 1000 * (i % 7),
+            "power_usage_mw": idle_mw(i),
+            # How workloads move its power, clocks and temperature (native/load.c, workload.py).
+            "load": workload.derive_params(idle_mw(i), power_limit_mw),
             "temperature_c": idle_temp + i % 6,
             "performance_state": 0,
             "clocks": idle,
@@ -747,12 +753,15 @@ def set_library_files(root: Path, present: bool, library: Path | None = None) ->
         lib.touch()
 
 
-def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None, lost: set[int]) -> None:
+def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None, lost: set[int],
+                  clock_ms: int | None = None) -> None:
     """Write the whole control state (see docs/simulator.md, "control")."""
     lines = [f"driver {'loaded' if driver_loaded else 'unloaded'}"]
     if fabricmanager:
         lines.append(f"fabricmanager {fabricmanager}")
     lines += [f"gpu {i} lost" for i in sorted(lost)]
+    if clock_ms is not None:
+        lines.append(f"clock {clock_ms}")
     atomic_write(root / "control", "\n".join(lines) + "\n")
 
 
@@ -899,6 +908,8 @@ def materialize(fixture: str | os.PathLike[str], root: str | os.PathLike[str], *
     h = m["host"]
     write_control(root, driver_loaded=h["driver_loaded"], fabricmanager=h["fabricmanager"], lost=set())
     (root / "events").write_text("")
+    # Workloads (workload.py): a directory, so that containers can be given it writable in a read-only root.
+    (root / workload.DIR).mkdir()
     if library is not None:
         set_library_files(root, True, Path(library))
     _write_host(root, m)

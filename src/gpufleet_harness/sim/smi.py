@@ -12,6 +12,7 @@ summary, `-q`, `--version`) say on stderr that the GPUs are simulated; stdout ke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import sys
@@ -364,15 +365,34 @@ GPU_HEADER = [
     "|                                         |                        |               MIG M. |",
     "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|",
 ]
-PROCESS_TABLE = [
+PROCESS_HEADER = [
     WIDE_RULE,
     f"| {'Processes:':<88}|",
     "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
     "|        ID   ID                                                               Usage      |",
     "|" + "=" * 89 + "|",
-    f"|  {'No running processes found':<87}|",
-    WIDE_RULE,
 ]
+NO_PROCESSES = f"|  {'No running processes found':<87}|"
+PROCESS_NAME_WIDTH = 37
+
+
+def process_table(rows: list[Row]) -> list[str]:
+    """The summary's processes: one line per compute process of the GPUs shown (nvidia-smi 580's columns:
+    GPU, GI and CI ids, PID, type, name, memory), or "No running processes found"."""
+    found = [(row.gpu.index, p) for row in rows if row.reader is not None
+             for p in smi_query.processes(row.reader)]
+    lines = [*PROCESS_HEADER]
+    for index, p in found:
+        name = p.name or "N/A"
+        if len(name) > PROCESS_NAME_WIDTH:  # nvidia-smi keeps a long name's end: "...bin/python"
+            name = "..." + name[-(PROCESS_NAME_WIDTH - 3):]
+        memory = "N/A" if p.used_bytes is None else f"{p.used_bytes // _MIB:>5}MiB"
+        lines.append(f"|{index:>5}{_id(p.gi):>6}{_id(p.ci):>5}{p.pid:>16}{'C':>7}   "
+                     f"{name:<{PROCESS_NAME_WIDTH}} {memory:<9}|")
+    if not found:
+        lines.append(NO_PROCESSES)
+    lines.append(WIDE_RULE)
+    return lines
 
 
 def timestamp() -> str:
@@ -381,7 +401,7 @@ def timestamp() -> str:
 
 def summary(session: Session, rows: list[Row]) -> str:
     """The default output, in nvidia-smi 580's layout: versions, three lines per GPU, the MIG devices, the
-    processes (none run on simulated GPUs)."""
+    processes (the sim root's workloads)."""
     lines = [
         f"{timestamp():<31}",
         WIDE_RULE,
@@ -397,7 +417,7 @@ def summary(session: Session, rows: list[Row]) -> str:
     migs = mig_table(rows)
     if migs:
         lines.extend([*migs, ""])
-    lines.extend(PROCESS_TABLE)
+    lines.extend(process_table(rows))
     return "\n".join(lines) + "\n"
 
 
@@ -569,6 +589,101 @@ def _topo_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# `dmon`'s metric groups (-s), each a list of (column, unit, value from a GPU's Reader or None → "-"), as
+# nvidia-smi 580 printed them on the H200 (tests/realgpu/h200-580.159.04/dmon.txt, `-s pucvmet`).
+def _dmon_power(r: Reader) -> list[Any]:
+    power = r.get("nvmlDeviceGetPowerUsage")
+    return [None if power is None else power // 1000, r.get("nvmlDeviceGetTemperature", 0), None]
+
+
+def _dmon_util(r: Reader) -> list[Any]:
+    util = r.get("nvmlDeviceGetUtilizationRates")
+    return [None if util is None else util.gpu, None if util is None else util.memory,
+            *(_first(r.get(f"nvmlDevice{engine}Utilization")) for engine in ("GetEncoder", "GetDecoder",
+                                                                               "GetJpg", "GetOfa"))]
+
+
+def _dmon_violations(r: Reader) -> list[Any]:
+    reasons = r.get("nvmlDeviceGetCurrentClocksEventReasons")
+    if reasons is None:
+        return [None, None]
+    # the share of the sample the power cap (resp. a thermal slowdown) held the clocks: all or nothing here
+    return [100 if reasons & smi_query.SW_POWER_CAP else 0,
+            1 if reasons & (smi_query.SW_THERMAL | smi_query.HW_THERMAL) else 0]
+
+
+def _dmon_memory(r: Reader) -> list[Any]:
+    memory, bar1 = smi_query._memory_v2(r), r.get("nvmlDeviceGetBAR1MemoryInfo")
+    cc = r.get("nvmlDeviceGetConfComputeMemSizeInfo")
+    return [None if memory is None else round(memory.used / _MIB),
+            None if bar1 is None else bar1.bar1Used // _MIB,
+            None if cc is None else cc.protectedMemSizeKib // 1024]
+
+
+def _dmon_errors(r: Reader) -> list[Any]:
+    # volatile single-bit (corrected) and double-bit (uncorrected) ECC errors, PCIe replays
+    return [r.get("nvmlDeviceGetTotalEccErrors", 0, 0), r.get("nvmlDeviceGetTotalEccErrors", 1, 0),
+            r.get("nvmlDeviceGetPcieReplayCounter")]
+
+
+def _dmon_pcie(r: Reader) -> list[Any]:
+    rx, tx = r.get("nvmlDeviceGetPcieThroughput", 1), r.get("nvmlDeviceGetPcieThroughput", 0)
+    return [None if rx is None else rx // 1000, None if tx is None else tx // 1000]
+
+
+DMON_GROUPS: dict[str, tuple[list[tuple[str, str]], Callable[[Reader], list[Any]]]] = {
+    "p": ([("pwr", "W"), ("gtemp", "C"), ("mtemp", "C")], _dmon_power),
+    "u": ([("sm", "%"), ("mem", "%"), ("enc", "%"), ("dec", "%"), ("jpg", "%"), ("ofa", "%")], _dmon_util),
+    "c": ([("mclk", "MHz"), ("pclk", "MHz")],
+          lambda r: [r.get("nvmlDeviceGetClockInfo", 2), r.get("nvmlDeviceGetClockInfo", 0)]),
+    "v": ([("pviol", "%"), ("tviol", "bool")], _dmon_violations),
+    "m": ([("fb", "MB"), ("bar1", "MB"), ("ccpm", "MB")], _dmon_memory),
+    "e": ([("sbecc", "errs"), ("dbecc", "errs"), ("pci", "errs")], _dmon_errors),
+    "t": ([("rxpci", "MB/s"), ("txpci", "MB/s")], _dmon_pcie),
+}
+DMON_ORDER = "pucvmet"
+
+
+def dmon_header(metrics: str) -> list[str]:
+    """dmon's two header lines for the metric groups in `metrics` (printed in nvidia-smi's order)."""
+    columns = [c for g in DMON_ORDER if g in metrics for c in DMON_GROUPS[g][0]]
+    return ["# gpu" + "".join(f" {name:>6}" for name, _ in columns) + " ",
+            "# Idx" + "".join(f" {unit:>6}" for _, unit in columns) + " "]
+
+
+def dmon_line(row: Row, metrics: str) -> str:
+    """One sample of one GPU: each value right-aligned in 6 columns, "-" where NVML has none."""
+    if row.reader is None:
+        values: list[Any] = [None] * sum(len(DMON_GROUPS[g][0]) for g in DMON_ORDER if g in metrics)
+    else:
+        values = [v for g in DMON_ORDER if g in metrics for v in DMON_GROUPS[g][1](row.reader)]
+    return f"{row.gpu.index:>5}" + "".join(f" {'-' if v is None else v:>6}" for v in values) + " "
+
+
+def _dmon_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nvidia-smi dmon", description=BANNER)
+    parser.add_argument("-i", "--id", help="GPU indices, UUIDs or PCI bus ids, comma-separated")
+    parser.add_argument("-s", "--select", default="puc",
+                        help=f"metric groups, any of {DMON_ORDER} (default puc)")
+    parser.add_argument("-c", "--count", type=int, help="samples to print (default: until interrupted)")
+    parser.add_argument("-d", "--delay", type=float, default=1.0, help="seconds between samples (default 1)")
+    return parser
+
+
+def dmon(session: Session, rows: list[Row], metrics: str, count: int | None, delay: float) -> None:
+    """`dmon`: the header, then a line per GPU every `delay` seconds, `count` times (or until interrupted),
+    written as they are taken."""
+    for line in dmon_header(metrics):
+        print(line, flush=True)
+    taken = 0
+    while count is None or taken < count:
+        if taken:
+            time.sleep(delay)
+        for row in rows:
+            print(dmon_line(row, metrics), flush=True)
+        taken += 1
+
+
 def _mig_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvidia-smi mig", description=BANNER)
     parser.add_argument("-i", "--id", help="GPU indices, UUIDs or PCI bus ids, comma-separated")
@@ -615,11 +730,16 @@ def _mig(session: Session, args: argparse.Namespace) -> Output:
 
 def run(argv: Sequence[str]) -> Output:
     """What one invocation prints; main() writes it."""
-    command = argv[0] if argv and argv[0] in ("topo", "mig") else None
-    parser = {"topo": _topo_parser, "mig": _mig_parser}.get(command or "", _parser)()
+    command = argv[0] if argv and argv[0] in ("topo", "mig", "dmon") else None
+    parser = {"topo": _topo_parser, "mig": _mig_parser, "dmon": _dmon_parser}.get(command or "", _parser)()
     args = parser.parse_args(list(argv[1:] if command else argv))
     if command == "topo" and not args.matrix:
         return Output(parser.format_usage(), EXIT_BAD_ARGUMENT)
+    if command == "dmon":
+        unknown = sorted(set(args.select) - set(DMON_ORDER))
+        if unknown or (args.count is not None and args.count < 1) or args.delay < 0:
+            return Output(f"dmon: -s takes letters of {DMON_ORDER}, -c a count of 1 or more and -d seconds; "
+                          f"got -s {args.select} -c {args.count} -d {args.delay}\n", EXIT_BAD_ARGUMENT)
     names: list[str] = []
     fmt: set[str] = set()
     if not command and args.query_gpu is not None:
@@ -638,6 +758,13 @@ def run(argv: Sequence[str]) -> Output:
                 return Output(topo_matrix(session))
             if command == "mig":
                 return _mig(session, args)
+            if command == "dmon":
+                rows = session.select(args.id)
+                if not rows:
+                    return Output("No devices were found\n", EXIT_NOT_FOUND)
+                with contextlib.suppress(KeyboardInterrupt):  # how dmon without -c ends
+                    dmon(session, rows, args.select, args.count, args.delay)
+                return Output("")
             if args.version:
                 return Output(version(session), for_people=True)
             if args.gpu_reset and args.id is None:

@@ -64,6 +64,54 @@ class Reader:
         return st
 
 
+@dataclass(frozen=True)
+class Process:
+    """A compute process on a GPU, as nvidia-smi lists it."""
+
+    pid: int
+    name: str | None
+    used_bytes: int | None
+    gi: int | None  # GPU- and compute-instance ids inside MIG, else None
+    ci: int | None
+
+
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+def processes(r: Reader) -> list[Process]:
+    """The GPU's running compute processes (nvmlDeviceGetComputeRunningProcesses) with their names
+    (nvmlSystemGetProcessName)."""
+    found = []
+    for p in r.get("nvmlDeviceGetComputeRunningProcesses") or []:
+        try:
+            name = r.nv.nvmlSystemGetProcessName(p.pid)
+        except r.nv.NVMLError:
+            name = None
+        gi, ci = getattr(p, "gpuInstanceId", _NO_INSTANCE), getattr(p, "computeInstanceId", _NO_INSTANCE)
+        found.append(Process(int(p.pid), name.decode() if isinstance(name, bytes) else name,
+                             None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                             None if gi == _NO_INSTANCE else int(gi),
+                             None if ci == _NO_INSTANCE else int(ci)))
+    return found
+
+
+def _process_nodes(r: Reader) -> list[Node]:
+    """-q's Processes: "None", or per process its instance ids, pid, type, name and memory (the layout of
+    nvidia-smi's -q; not recorded on the real H200, which ran no process while -q was taken)."""
+    procs = processes(r)
+    if not procs:
+        return [F("Processes", None, "None"), G(None, "processes")]
+    text = G("Processes", None, *[node for p in procs for node in (
+        F("GPU instance ID", None, p.gi), F("Compute instance ID", None, p.ci), F("Process ID", None, p.pid),
+        F("Type", None, "C", deeper=True), F("Name", None, p.name, deeper=True),
+        F("Used GPU Memory", None, _mib(p.used_bytes), deeper=True))])
+    xml = G(None, "processes", *[G(None, "process_info", F(None, "gpu_instance_id", p.gi),
+                                   F(None, "compute_instance_id", p.ci), F(None, "pid", p.pid),
+                                   F(None, "type", "C"), F(None, "process_name", p.name),
+                                   F(None, "used_memory", _mib(p.used_bytes))) for p in procs])
+    return [text, xml]
+
+
 # -- a -q document: one tree, two renderings -------------------------------------------------------------
 
 Value = str | tuple[str, str]  # the same in both renderings, or (text, xml)
@@ -428,8 +476,7 @@ def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
               *[F(None, "supported_graphics_clock", _mhz(mhz))
                 for mhz in r.get("nvmlDeviceGetSupportedGraphicsClocks", mem) or []])
             for mem in r.get("nvmlDeviceGetSupportedMemoryClocks") or []], empty_text=NA),
-        F("Processes", None, "None"),
-        G(None, "processes"),
+        *_process_nodes(r),
         G(None, "accounted_processes"),
         G("Capabilities", "capabilities", F("EGM", "egm", "disabled")),
     ]

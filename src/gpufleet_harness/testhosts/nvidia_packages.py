@@ -121,6 +121,12 @@ def inject(config_path):
         {{"destination": "/usr/bin/nvidia-smi", "type": "bind",
          "source": os.path.join(SIM, "bin", "nvidia-smi"), "options": ["rbind", "ro"]}},
     ])
+    # The simulated driver's workloads (GPU burners register there) are the container's writable channel to
+    # the driver, as /dev/nvidia* are to a real one: a writable mount inside the read-only root.
+    workloads = os.path.join(SIM, "workloads")
+    if os.path.isdir(workloads):
+        spec["mounts"].append({{"destination": workloads, "type": "bind", "source": workloads,
+                               "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}})
     process["env"] = [e for e in process.get("env", []) if not e.startswith(("GPUFLEET_SIM_ROOT=",
                       "GPUFLEET_HOST_ROOT=", "LD_LIBRARY_PATH="))] + [
         "GPUFLEET_SIM_ROOT=" + SIM, "GPUFLEET_HOST_ROOT=" + SIM + "/host", "LD_LIBRARY_PATH=" + SIM + "/lib"]

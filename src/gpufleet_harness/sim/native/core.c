@@ -35,6 +35,8 @@ static void control_defaults(void)
 {
     g_sim.driver_loaded = 1;
     g_sim.fm_running = 1;
+    g_sim.clock_frozen = 0;
+    g_sim.clock_ms = 0;
     memset(g_sim.lost, 0, sizeof g_sim.lost);
 }
 
@@ -49,6 +51,14 @@ static void control_parse(char *text)
         if (sscanf(line, "%31s %31s %31s", word, arg1, arg2) < 2) continue;
         if (strcmp(word, "driver") == 0) {
             g_sim.driver_loaded = strcmp(arg1, "unloaded") != 0;
+        } else if (strcmp(word, "clock") == 0) {
+            /* `clock MS`: the sim clock stands still at MS (tests step it); absent: CLOCK_BOOTTIME */
+            char *end;
+            long long ms = strtoll(arg1, &end, 10);
+            if (*end == '\0' && ms >= 0) {
+                g_sim.clock_frozen = 1;
+                g_sim.clock_ms = ms;
+            }
         } else if (strcmp(word, "fabricmanager") == 0) {
             g_sim.fm_running = strcmp(arg1, "stopped") != 0;
         } else if (strcmp(word, "gpu") == 0) {
@@ -180,6 +190,24 @@ static void load_board(struct nvmlDevice_st *g, const sj_value *j)
     for (k = 0; k < g->ngfx_clocks; k++) g->gfx_clocks[k] = (unsigned)sj_int(sj_at(v, k), 0);
 }
 
+/* The power model of workloads (load.c): machine.json's `load`, else derived from the power fields by
+ * the rule of workload.derive_params (roots materialized before it). */
+static void load_params(struct nvmlDevice_st *g, const sj_value *j)
+{
+    unsigned idle = g->power_usage_mw, limit = g->power_limit_mw;
+    unsigned cap = limit * 988ULL / 1000 > idle ? (unsigned)(limit * 988ULL / 1000) : idle;
+    g->load_idle_mw = (unsigned)sj_int(sj_get(j, "idle_mw"), idle);
+    g->load_cap_mw = (unsigned)sj_int(sj_get(j, "cap_mw"), cap);
+    g->load_full_mw = (unsigned)sj_int(sj_get(j, "full_mw"), idle + (cap - idle) * 4ULL / 3);
+    g->load_linger_mw = (unsigned)sj_int(sj_get(j, "linger_mw"), idle + (limit > idle ? limit - idle : 0) * 3ULL / 40);
+    g->load_linger_ms = sj_int(sj_get(j, "linger_ms"), 2500);
+    /* a model that would move below idle or above the limit is taken as none */
+    if (g->load_cap_mw < g->load_idle_mw || g->load_cap_mw > limit) g->load_cap_mw = g->load_idle_mw;
+    if (g->load_full_mw < g->load_idle_mw) g->load_full_mw = g->load_idle_mw;
+    if (g->load_linger_mw < g->load_idle_mw || g->load_linger_mw > limit) g->load_linger_mw = g->load_idle_mw;
+    if (g->load_linger_ms < 0) g->load_linger_ms = 0;
+}
+
 static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, const sj_value *switches,
                     char *err, size_t errlen)
 {
@@ -273,6 +301,7 @@ static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, cons
     g->power_limit_mw = (unsigned)sj_int(sj_get(j, "power_limit_mw"), 300000);
     g->power_min_mw = (unsigned)sj_int(sj_get(j, "power_min_mw"), g->power_limit_mw / 2);
     g->power_usage_mw = (unsigned)sj_int(sj_get(j, "power_usage_mw"), 50000);
+    load_params(g, sj_get(j, "load"));
     g->temperature = (unsigned)sj_int(sj_get(j, "temperature_c"), 30);
     g->pstate = (unsigned)sj_int(sj_get(j, "performance_state"), 0);
     for (c = 0; c < NVML_CLOCK_COUNT; c++) {
@@ -445,7 +474,10 @@ nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags)
     }
     control_refresh(1);
     if (!g_sim.driver_loaded) return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
-    if (g_sim.refcount == 0) sim_mig_refresh(1);
+    if (g_sim.refcount == 0) {
+        sim_mig_refresh(1);
+        sim_load_refresh(1);
+    }
     /* A kernel module that does not match the library is refused, as the real library does. */
     if (strcmp(g_sim.kmod_version, g_sim.driver_version) != 0)
         return sim_leave(NVML_ERROR_LIB_RM_VERSION_MISMATCH);

@@ -1,6 +1,7 @@
 /* Device queries of the simulated NVML: handles, identity, PCI, memory, topology, NVLink, fabric and
- * the cheap telemetry that nvidia-smi-like tools and device plugins read. Values come from
- * machine.json; nothing here computes beyond lookups. */
+ * the telemetry that nvidia-smi-like tools, exporters and device plugins read. Static values come from
+ * machine.json; the moving ones (power, temperature, clocks, utilization, processes, memory in use) from
+ * the workloads of the sim root at the sim clock's now (load.c). */
 #include "sim.h"
 
 #include <stddef.h>
@@ -281,13 +282,22 @@ PCIE_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
 
 /* ------------------------------------------------------------------------------------ memory */
 
+/* Memory in use by clients: the fixture's, plus the running workloads' (with their contexts), never more
+ * than there is. */
+static unsigned long long used_memory(nvmlDevice_t device)
+{
+    unsigned long long room = device->mem_total - device->mem_reserved;
+    unsigned long long used = device->mem_used + sim_load_memory(device);
+    return used < room ? used : room;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     ENTER(device);
     NEED(memory);
     /* v1 has no "reserved": the driver counts it as used. */
     memory->total = device->mem_total;
-    memory->used = device->mem_reserved + device->mem_used;
+    memory->used = device->mem_reserved + used_memory(device);
     memory->free = device->mem_total - memory->used;
     return sim_leave(NVML_SUCCESS);
 }
@@ -299,30 +309,62 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
     if (memory->version != nvmlMemory_v2) return sim_leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     memory->total = device->mem_total;
     memory->reserved = device->mem_reserved;
-    memory->used = device->mem_used;
-    memory->free = device->mem_total - device->mem_reserved - device->mem_used;
+    memory->used = used_memory(device);
+    memory->free = device->mem_total - device->mem_reserved - memory->used;
     return sim_leave(NVML_SUCCESS);
 }
 
-/* No process ever runs on a simulated GPU: every variant answers "none" the way NVML does (count 0). */
-#define NO_PROCESSES(fn, type)                                                                          \
+/* Running processes: the compute workloads of the sim root (load.c); no graphics or MPS processes run.
+ * nvml.h: *infoCount 0 (or too small) asks for the size: INSUFFICIENT_SIZE with the count, or SUCCESS and 0
+ * when none run. v1 has no instance ids; a process outside MIG has 0xFFFFFFFF for both. */
+#define SIM_MAX_PROCS 256
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos, size_t size,
+                                   int with_ids, int graphics)
+{
+    const sim_load *found[SIM_MAX_PROCS];
+    unsigned n = graphics ? 0 : sim_running(device, found, SIM_MAX_PROCS), k;
+    if (n > SIM_MAX_PROCS) n = SIM_MAX_PROCS;
+    if (n == 0) {
+        *infoCount = 0;
+        return NVML_SUCCESS;
+    }
+    if (!infos || *infoCount < n) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (k = 0; k < n; k++) {
+        nvmlProcessInfo_v2_t p;
+        memset(&p, 0, sizeof p);
+        p.pid = found[k]->pid;
+        p.usedGpuMemory = found[k]->memory_mib << 20;
+        p.gpuInstanceId = found[k]->gi;
+        p.computeInstanceId = found[k]->ci;
+        if (with_ids) memcpy((char *)infos + k * size, &p, size);
+        else {
+            nvmlProcessInfo_v1_t v1 = {.pid = p.pid, .usedGpuMemory = p.usedGpuMemory};
+            memcpy((char *)infos + k * size, &v1, size);
+        }
+    }
+    *infoCount = n;
+    return NVML_SUCCESS;
+}
+
+#define PROCESS_GETTER(fn, type, with_ids, graphics)                                                   \
     nvmlReturn_t DECLDIR fn(nvmlDevice_t device, unsigned int *infoCount, type *infos)                  \
     {                                                                                                   \
-        (void)infos;                                                                                    \
         ENTER(device);                                                                                  \
         NEED(infoCount);                                                                                \
-        *infoCount = 0;                                                                                 \
-        return sim_leave(NVML_SUCCESS);                                                                 \
+        return sim_leave(list_processes(device, infoCount, infos, sizeof(type), with_ids, graphics));   \
     }
-NO_PROCESSES(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
-NO_PROCESSES(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
-NO_PROCESSES(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
-NO_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
-NO_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
-NO_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
-NO_PROCESSES(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
-NO_PROCESSES(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
-NO_PROCESSES(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
+PROCESS_GETTER(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, 0, 0)
+PROCESS_GETTER(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, 1, 0)
+PROCESS_GETTER(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, 1, 0)
+PROCESS_GETTER(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, 0, 1)
+PROCESS_GETTER(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t, 1, 1)
+PROCESS_GETTER(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, 1, 1)
+PROCESS_GETTER(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, 0, 1)
+PROCESS_GETTER(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, 1, 1)
+PROCESS_GETTER(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, 1, 1)
 
 /* ------------------------------------------------------------------------------------ NUMA, affinity */
 
@@ -442,7 +484,11 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatu
 {
     ENTER(device);
     NEED(temp && sensorType == NVML_TEMPERATURE_GPU);
-    *temp = device->temperature;
+    {
+        sim_reading now;
+        sim_read(device, &now);
+        *temp = now.temp_c;
+    }
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -450,7 +496,11 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *
 {
     ENTER(device);
     NEED(power);
-    *power = device->power_usage_mw;
+    {
+        sim_reading now; /* nvml.h: on Ampere and later, the average over the last second */
+        sim_read(device, &now);
+        *power = now.power_mw;
+    }
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -486,8 +536,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtil
 {
     ENTER(device);
     NEED(utilization);
-    utilization->gpu = 0;
-    utilization->memory = 0;
+    {
+        const struct nvmlDevice_st *g = device->is_mig ? device->parent : device;
+        sim_reading now;
+        /* nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported." */
+        if (g->has_mig && g->mig_current == NVML_DEVICE_MIG_ENABLE) return sim_leave(NVML_ERROR_NOT_SUPPORTED);
+        sim_read(device, &now);
+        utilization->gpu = now.util;
+        utilization->memory = now.mem_util;
+    }
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -508,7 +565,16 @@ nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t
 {
     ENTER(device);
     NEED(clock && type < NVML_CLOCK_COUNT);
-    *clock = device->clocks[type];
+    {
+        sim_reading now;
+        sim_read(device, &now);
+        switch (type) {
+        case NVML_CLOCK_GRAPHICS:
+        case NVML_CLOCK_SM: *clock = now.sm_mhz; break;
+        case NVML_CLOCK_VIDEO: *clock = now.video_mhz; break;
+        default: *clock = device->clocks[type]; break; /* memory: one clock, as recorded under load */
+        }
+    }
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -531,7 +597,13 @@ static nvmlReturn_t clock_reasons(nvmlDevice_t device, unsigned long long *reaso
 {
     ENTER(device);
     NEED(reasons);
-    *reasons = supported ? nvmlClocksThrottleReasonAll : device->clock_event_reasons;
+    if (supported) {
+        *reasons = nvmlClocksThrottleReasonAll;
+    } else {
+        sim_reading now;
+        sim_read(device, &now);
+        *reasons = now.reasons;
+    }
     return sim_leave(NVML_SUCCESS);
 }
 

@@ -7,7 +7,6 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #define ENTER(d)                                                                                        \
     do {                                                                                                \
@@ -219,35 +218,43 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUt
 {
     ENTER(device);
     NEED(value && (counter == NVML_PCIE_UTIL_TX_BYTES || counter == NVML_PCIE_UTIL_RX_BYTES));
-    /* KB/s over the last 20 ms: an idle GPU's driver traffic (the recording: 697 TX, -q 600-1800). */
-    *value = counter == NVML_PCIE_UTIL_TX_BYTES ? device->pcie_tx : device->pcie_rx;
+    /* KB/s over the last 20 ms: an idle GPU's driver traffic (the recording: 697 TX, -q 600-1800), more
+     * while a workload runs (load.c). */
+    {
+        sim_reading now;
+        sim_read(device, &now);
+        *value = counter == NVML_PCIE_UTIL_TX_BYTES ? now.pcie_tx : now.pcie_rx;
+    }
     return sim_leave(NVML_SUCCESS);
 }
 
 /* ------------------------------------------------------------------------------------ counters */
 
-/* Energy since the driver loaded, in mJ: the GPU's power over the time since boot (CLOCK_BOOTTIME, one
- * clock for every process of the host), so it only grows and grows with power, as on a real GPU. */
+/* Energy since the driver loaded, in mJ: the integral of the GPU's power since boot on the sim clock
+ * (CLOCK_BOOTTIME, one clock for every process of the host), workloads included (load.c), so it only grows
+ * and grows with power, as on a real GPU. */
 nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
 {
-    struct timespec ts;
-    unsigned long long ms;
+    sim_reading now;
     ENTER(device);
     NEED(energy);
     SUPPORTED(device->has_energy && !device->is_mig);
-    if (clock_gettime(CLOCK_BOOTTIME, &ts) != 0) return sim_leave(NVML_ERROR_UNKNOWN);
-    ms = (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL;
-    *energy = (unsigned long long)device->power_usage_mw * ms / 1000ULL;
+    sim_read(device, &now);
+    *energy = now.energy_mj;
     return sim_leave(NVML_SUCCESS);
 }
 
-/* Video engines idle; the sampling period is the driver's 100 ms. nvml.h: not supported with MIG on. */
-static nvmlReturn_t engine_utilization(nvmlDevice_t device, unsigned int *utilization, unsigned int *periodUs)
+/* Video engines: what the running workloads drive (none by default); the sampling period is the driver's
+ * 100 ms. nvml.h: not supported with MIG on. */
+static nvmlReturn_t engine_utilization(nvmlDevice_t device, unsigned int *utilization, unsigned int *periodUs,
+                                       int decoder)
 {
+    sim_reading now;
     ENTER(device);
     NEED(utilization && periodUs);
     SUPPORTED(!mig_enabled(device));
-    *utilization = 0;
+    sim_read(device, &now);
+    *utilization = decoder ? now.dec : now.enc;
     *periodUs = 100000;
     return sim_leave(NVML_SUCCESS);
 }
@@ -255,13 +262,13 @@ static nvmlReturn_t engine_utilization(nvmlDevice_t device, unsigned int *utiliz
 nvmlReturn_t DECLDIR nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
                                                     unsigned int *samplingPeriodUs)
 {
-    return engine_utilization(device, utilization, samplingPeriodUs);
+    return engine_utilization(device, utilization, samplingPeriodUs, 0);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
                                                     unsigned int *samplingPeriodUs)
 {
-    return engine_utilization(device, utilization, samplingPeriodUs);
+    return engine_utilization(device, utilization, samplingPeriodUs, 1);
 }
 
 /* ------------------------------------------------------------------------------------ supported clocks */

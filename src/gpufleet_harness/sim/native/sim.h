@@ -263,7 +263,52 @@ struct nvmlDevice_st {
     unsigned long long clock_event_reasons;
     unsigned int nmem_clocks, ngfx_clocks;
     unsigned int mem_clocks[8], gfx_clocks[256];
+    /* the power model of workloads (machine.json `load`, see load.c) */
+    unsigned int load_idle_mw, load_cap_mw, load_full_mw, load_linger_mw;
+    long long load_linger_ms;
 };
+
+/* ---- workloads (load.c): the sim root's workloads/state, and each GPU's timeline derived from it ---- */
+
+#define SIM_NO_INSTANCE 0xFFFFFFFFu
+#define SIM_LOAD_NAME 64
+
+typedef struct {
+    unsigned long long id;
+    unsigned gpu;
+    long long start, end;          /* sim clock, ms since boot; end -1: running until stopped */
+    unsigned util, mem_util, enc, dec, pid;
+    unsigned long long memory_mib;
+    unsigned gi, ci;               /* a MIG device's instance ids, else SIM_NO_INSTANCE */
+    char name[SIM_LOAD_NAME];
+} sim_load;
+
+enum { SIM_GPU_IDLE, SIM_GPU_BUSY, SIM_GPU_LINGER };
+
+/* A stretch of a GPU's timeline over which its instantaneous state is constant. */
+typedef struct {
+    long long at;                  /* ms: the stretch starts here and lasts until the next one */
+    int state;                     /* SIM_GPU_* */
+    unsigned power_mw;             /* instantaneous power */
+    unsigned util, mem_util, enc, dec;
+    long long extra_uj;            /* energy above idle from the timeline's origin to `at` */
+    double temp_fast, temp_slow;   /* the temperature's two lags at `at`, in degrees above idle */
+} sim_seg;
+
+typedef struct {
+    long long origin;              /* where the timeline starts: a `settled` line's time, else 0 */
+    long long settled_uj;          /* energy above idle before the origin */
+    unsigned nseg;
+    sim_seg *segs;
+    unsigned long long last_energy_mj; /* the largest energy this process reported: never less */
+} sim_timeline;
+
+/* What a GPU reads at the sim clock's now. */
+typedef struct {
+    int state;
+    unsigned power_mw, util, mem_util, enc, dec, temp_c, sm_mhz, video_mhz, pcie_tx, pcie_rx;
+    unsigned long long energy_mj, reasons;
+} sim_reading;
 
 typedef struct {
     pthread_mutex_t lock;          /* guards everything below; never held while blocking */
@@ -294,6 +339,18 @@ typedef struct {
     long long ctl_mtime_ns;
     int driver_loaded, fm_running;
     unsigned char lost[SIM_MAX_GPUS];
+    int clock_frozen;              /* control `clock MS`: the sim clock stands at clock_ms */
+    long long clock_ms;
+
+    /* workloads/state, re-read when its identity changes (load.c) */
+    int wl_valid;
+    dev_t wl_dev;
+    ino_t wl_ino;
+    off_t wl_size;
+    long long wl_mtime_ns;
+    unsigned nloads;
+    sim_load *loads;
+    sim_timeline timelines[SIM_MAX_GPUS];
 
     /* MIG state (the `mig` file of the sim root), re-read when its identity changes */
     int mig_valid;
@@ -328,6 +385,18 @@ void sim_mig_refresh(int force);
 
 /* Index of the GPU with this PCI bus id (any accepted form); -1 none, -2 malformed. Lock held. */
 int sim_find_bus_id(const char *text);
+
+/* The sim clock: ms since boot (CLOCK_BOOTTIME, or the frozen clock of `control`). Lock held. */
+long long sim_now_ms(void);
+/* Re-read workloads/state if it changed and rebuild the timelines (force: always). Lock held. */
+void sim_load_refresh(int force);
+/* A GPU's (or MIG device's parent's) readings now. Lock held. */
+void sim_read(const struct nvmlDevice_st *device, sim_reading *out);
+/* The workloads running now on a GPU, or in a MIG device (its instance's only): up to `cap` into `out`,
+ * returns how many there are. Lock held. */
+unsigned sim_running(const struct nvmlDevice_st *device, const sim_load **out, unsigned cap);
+/* Bytes of GPU memory the running workloads of a GPU or MIG device use (with their contexts). Lock held. */
+unsigned long long sim_load_memory(const struct nvmlDevice_st *device);
 
 /* Sum of `ecc-dbe GPU COUNT` lines for a GPU in the events file. */
 unsigned long long sim_events_dbe_total(unsigned int gpu);
