@@ -31,7 +31,7 @@ class RegistryError(Exception):
 
 def split_registry(registry: str) -> tuple[str, str]:
     """``host[:port][/path]`` → (``host[:port]``, ``path`` without slashes)."""
-    host, _, path = registry.strip().removeprefix("https://").removeprefix("http://").partition("/")
+    host, _sep, path = registry.strip().removeprefix("https://").removeprefix("http://").partition("/")
     if not host:
         raise RegistryError(f"registry {registry!r}: expected host[:port][/path]")
     return host, path.strip("/")
@@ -95,7 +95,7 @@ class Registry:
         if not realm:
             raise RegistryError(f"registry {self.host}: a bearer challenge without a realm")
         url = realm + "?" + urllib.parse.urlencode(fields)
-        status, _, data = self._send("GET", url, auth=self._basic)
+        status, _head, data = self._send("GET", url, auth=self._basic)
         if status != 200:
             raise RegistryError(f"registry {self.host}: the token service {realm} answered {status}")
         doc = json.loads(data or b"{}")
@@ -128,12 +128,12 @@ class Registry:
     # -- the API ---------------------------------------------------------------------------------------------
     def ping(self) -> None:
         """Raise RegistryError unless ``/v2/`` answers as a registry does."""
-        status, _, data = self.request("GET", "/v2/")
+        status, _head, data = self.request("GET", "/v2/")
         if status != 200:
             raise RegistryError(f"registry {self.host}: GET /v2/ answered {status}: {data[:200]!r}")
 
     def has(self, repository: str, kind: str, digest: str) -> bool:
-        status, _, _ = self.request(
+        status, _head, _data = self.request(
             "HEAD",
             f"/v2/{repository}/{kind}/{digest}",
             headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
@@ -152,7 +152,7 @@ class Registry:
         if location.startswith("/"):
             location = f"{self.scheme}://{self.host}{location}"
         location += ("&" if "?" in location else "?") + urllib.parse.urlencode({"digest": digest})
-        status, _, data = self.request(
+        status, _head, data = self.request(
             "PUT", location, body, {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
         )
         if status != 201:
@@ -161,7 +161,7 @@ class Registry:
             )
 
     def put_manifest(self, repository: str, reference: str, media_type: str, manifest: bytes) -> None:
-        status, _, data = self.request(
+        status, _head, data = self.request(
             "PUT", f"/v2/{repository}/manifests/{reference}", manifest, {"Content-Type": media_type}
         )
         if status != 201:

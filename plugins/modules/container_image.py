@@ -12,7 +12,7 @@ module: container_image
 short_description: Import an image archive into a node's containerd (namespace k8s.io) or docker
 version_added: "0.1.0"
 description:
-  - Looks for the image in each runtime of O(runtime): containerd (C(ctr -n k8s.io images ls), the namespace
+  - Looks for the image in each runtime of O(runtime), containerd (C(ctr -n k8s.io images ls), the namespace
     where the kubelet's CRI finds images) and docker (C(docker image inspect)). An image counts as present when
     the runtime holds it under the expected image ID (docker) or manifest digest (containerd).
   - With O(state=present) and an O(archive) on the node, imports it where missing (C(ctr images import), which
@@ -165,7 +165,7 @@ class Docker(Runtime):
     def available(self) -> bool:
         if not self.module.get_bin_path("docker"):
             return False
-        rc, _, _ = self.module.run_command(
+        rc, _out, _err = self.module.run_command(
             [self.module.get_bin_path("docker"), "version", "--format", "{{.Server.Version}}"],
             environ_update=self._env(),
         )
@@ -173,7 +173,7 @@ class Docker(Runtime):
 
     def present(self) -> bool:
         docker = self.module.get_bin_path("docker", required=True)
-        rc, out, _ = self.module.run_command(
+        rc, out, _err = self.module.run_command(
             [docker, "image", "inspect", "--format", "{{.Id}}", self.params["image_id"]],
             environ_update=self._env(),
         )

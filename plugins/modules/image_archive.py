@@ -17,7 +17,7 @@ description:
     digest, the manifest digest against C(images.json) or O(expected_digests)) and returns the reference
     Kubernetes manifests should use for each.
   - Without O(registry), the reference is the image ID (C(sha256:...), the digest of the image's configuration,
-    which names every layer by the digest of its content): containerd's CRI and docker both find an image
+    which names every layer by the digest of its content); containerd's CRI and docker both find an image
     imported from an archive by it (docker keeps no repository digest for a loaded image).
     M(gpufleet.nvidia.container_image) imports the archives on the nodes.
   - With O(registry), the reference is C(<registry>/gpufleet/<name>@<manifest digest>). The registry is pinged

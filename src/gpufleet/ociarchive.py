@@ -72,7 +72,7 @@ def sha256_of(data: bytes) -> str:
 
 
 def blob_path(digest: str) -> str:
-    algorithm, _, hexdigest = digest.partition(":")
+    algorithm, _sep, hexdigest = digest.partition(":")
     if algorithm != "sha256" or len(hexdigest) != 64:
         raise ArchiveError(f"unsupported digest {digest!r} (expected sha256:<64 hex digits>)")
     return f"blobs/sha256/{hexdigest}"

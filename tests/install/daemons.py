@@ -23,7 +23,9 @@ from gpufleet_harness.cluster.process import free_ports
 def _need(binary: str, package: str) -> str:
     path = shutil.which(binary)
     if not path:
-        raise AssertionError(f"{binary} is missing: apt-get install {package} (scripts/bootstrap installs it)")
+        raise AssertionError(
+            f"{binary} is missing: apt-get install {package} (scripts/bootstrap installs it)"
+        )
     return path
 
 
@@ -52,8 +54,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def _daemon(argv: list[str], workdir: Path, what: str, ready: object) -> Iterator[subprocess.Popen[bytes]]:
     log = workdir / "daemon.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=workdir)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=workdir,
+        )
     try:
         _wait(what, ready, proc, log)
         yield proc
@@ -68,8 +76,12 @@ class Containerd:
 
     def images(self) -> dict[str, str]:
         """ref → target digest in namespace k8s.io."""
-        out = subprocess.run([self.ctr, "--address", self.address, "--namespace", "k8s.io", "images", "ls"],
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [self.ctr, "--address", self.address, "--namespace", "k8s.io", "images", "ls"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return {f[0]: f[2] for f in (line.split() for line in out.splitlines()[1:]) if len(f) >= 3}
 
 
@@ -106,8 +118,13 @@ class Docker:
     client: str
 
     def image_id(self, ref: str) -> str | None:
-        proc = subprocess.run([self.client, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
-                              text=True, env={**os.environ, "DOCKER_HOST": self.host}, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [self.client, "image", "inspect", "--format", "{{.Id}}", ref],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DOCKER_HOST": self.host},
+            check=False,
+        )
         return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -119,9 +136,23 @@ def dockerd() -> Iterator[Docker]:
     try:
         host = f"unix://{work}/d.sock"
         (work / "daemon.json").write_text("{}\n")
-        argv = [binary, "--data-root", f"{work}/data", "--exec-root", f"{work}/exec", "--pidfile", f"{work}/pid",
-                "-H", host, "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip6tables=false",
-                "--config-file", f"{work}/daemon.json"]  # fmt: skip
+        argv = [
+            binary,
+            "--data-root",
+            f"{work}/data",
+            "--exec-root",
+            f"{work}/exec",
+            "--pidfile",
+            f"{work}/pid",
+            "-H",
+            host,
+            "--bridge=none",
+            "--iptables=false",
+            "--ip-masq=false",
+            "--ip6tables=false",
+            "--config-file",
+            f"{work}/daemon.json",
+        ]
         docker = Docker(host, client)
 
         def ready() -> bool:
@@ -144,8 +175,11 @@ class Registry:
             return list(json.load(response)["repositories"])
 
     def manifest_digest(self, repository: str, tag: str) -> str:
-        request = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
-                                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://{self.address}/v2/{repository}/manifests/{tag}",
+            method="HEAD",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return str(response.headers["Docker-Content-Digest"])
 

@@ -39,12 +39,23 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
 def _playbook(tmp: Path, node: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     """playbooks/images.yml on one GPU node that is this machine (connection local)."""
     inventory = tmp / f"hosts-{uuid.uuid4().hex[:6]}.yml"
-    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-            "gpufleet_images_node_dir": str(tmp / "node-dir"), **node}  # fmt: skip
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpufleet_images_node_dir": str(tmp / "node-dir"),
+        **node,
+    }
     inventory.write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {"node-a": host}}}}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")} | {"ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "playbooks/images.yml", *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    return subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "playbooks/images.yml", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def _recap(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
@@ -66,10 +77,12 @@ def test_images_are_reproducible_small_and_named_in_images_json(
         image = ociarchive.read(str(out / entry["archive"]))
         assert (image.name, image.digest, image.image_id) == (entry["name"], entry["digest"], entry["id"])
         assert image.name == f"docker.io/gpufleet/{name}:{images.gpufleet.__version__}"
-    # sizes as shipped (gzip layers): the base is Debian minbase + python3; the plugin adds the kubernetes client
+    # sizes as shipped (gzip layers): Debian minbase + python3, and for the plugin the kubernetes client
     assert doc["images"]["extender"]["size"] < 60 * 2**20
     assert doc["images"]["device-plugin"]["size"] < 100 * 2**20
-    configs = {n: json.loads(ociarchive.read(str(out / e["archive"])).config_bytes) for n, e in doc["images"].items()}
+    configs = {
+        n: json.loads(ociarchive.read(str(out / e["archive"])).config_bytes) for n, e in doc["images"].items()
+    }
     assert configs["extender"]["config"]["User"] == "65532:65532"
     assert configs["extender"]["config"]["Entrypoint"] == ["gpufleet-extender"]
     assert configs["device-plugin"]["config"]["Entrypoint"] == ["gpufleet-device-plugin"]
@@ -79,7 +92,9 @@ def test_images_are_reproducible_small_and_named_in_images_json(
     service = images.SERVICES["extender"]
     base_tag, _ = images.ensure_base({})
     again = tmp_path / "again.oci.tar"
-    images.build_archive(service, base_tag, again, {}, f"localhost/gpufleet-test/extender:{uuid.uuid4().hex[:8]}")
+    images.build_archive(
+        service, base_tag, again, {}, f"localhost/gpufleet-test/extender:{uuid.uuid4().hex[:8]}"
+    )
     assert again.read_bytes() == (out / doc["images"]["extender"]["archive"]).read_bytes()
 
 
@@ -89,13 +104,25 @@ def test_the_images_run_their_service_the_extender_not_as_root(built: tuple[Path
     loaded = []
     try:
         for entry in doc["images"].values():
-            subprocess.run(["podman", "load", "-q", "-i", str(out / entry["archive"])], env=env, check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["podman", "load", "-q", "-i", str(out / entry["archive"])],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             loaded.append(entry["id"])
 
         def run(image_id: str, *argv: str, entrypoint: str | None = None) -> str:
-            cmd = ["podman", "run", "--rm", "--network=none", *(["--entrypoint", entrypoint] if entrypoint else [])]
-            proc = subprocess.run([*cmd, image_id, *argv], env=env, capture_output=True, text=True, check=False)
+            cmd = [
+                "podman",
+                "run",
+                "--rm",
+                "--network=none",
+                *(["--entrypoint", entrypoint] if entrypoint else []),
+            ]
+            proc = subprocess.run(
+                [*cmd, image_id, *argv], env=env, capture_output=True, text=True, check=False
+            )
             assert proc.returncode == 0, proc.stderr
             return proc.stdout
 
@@ -103,14 +130,23 @@ def test_the_images_run_their_service_the_extender_not_as_root(built: tuple[Path
         assert "usage: gpufleet-extender" in run(ext, "--help")
         assert run(ext, "-u", entrypoint="id").strip() == "65532"
         # every extender module imports with only what the image carries
-        walk = ("import importlib, pkgutil, gpufleet.extender as e\n"
-                "names = [m.name for m in pkgutil.walk_packages(e.__path__, 'gpufleet.extender.')"
-                " if not m.name.endswith('__main__')]\n"
-                "[importlib.import_module(n) for n in names]\nprint(len(names))")  # fmt: skip
+        walk = (
+            "import importlib, pkgutil, gpufleet.extender as e\n"
+            "names = [m.name for m in pkgutil.walk_packages(e.__path__, 'gpufleet.extender.')"
+            " if not m.name.endswith('__main__')]\n"
+            "[importlib.import_module(n) for n in names]\nprint(len(names))"
+        )
         assert int(run(ext, "-c", walk, entrypoint="python3")) > 10
         assert "usage: gpufleet-device-plugin" in run(dp, "--help")
-        assert run(dp, "-c", "import gpufleet.deviceplugin.app, grpc, pynvml, kubernetes.client; print('ok')",
-                   entrypoint="python3").strip() == "ok"  # fmt: skip
+        assert (
+            run(
+                dp,
+                "-c",
+                "import gpufleet.deviceplugin.app, grpc, pynvml, kubernetes.client; print('ok')",
+                entrypoint="python3",
+            ).strip()
+            == "ok"
+        )
     finally:
         for image_id in loaded:
             subprocess.run(["podman", "rmi", "-f", image_id], env=env, capture_output=True, check=False)
@@ -121,8 +157,11 @@ def test_containerd_gets_each_image_once_and_bad_input_changes_no_node(
 ) -> None:
     out, doc = built
     with containerd() as ctd:
-        node = {"gpufleet_images_dir": str(out), "gpufleet_images_runtime": "containerd",
-                "gpufleet_images_containerd_address": ctd.address}  # fmt: skip
+        node = {
+            "gpufleet_images_dir": str(out),
+            "gpufleet_images_runtime": "containerd",
+            "gpufleet_images_containerd_address": ctd.address,
+        }
         # bad input first, on a node with no image: each fails before the node is touched
         wrong = {"extender": "sha256:" + "0" * 64}
         refused = _playbook(tmp_path, node, "-e", json.dumps({"gpufleet_images_expected_digests": wrong}))
@@ -150,12 +189,16 @@ def test_containerd_gets_each_image_once_and_bad_input_changes_no_node(
         for entry in doc["images"].values():
             repository = ociarchive.repository(entry["name"])
             assert held[entry["name"]] == entry["digest"]
-            assert held[f"{repository}@{entry['digest']}"] == entry["digest"]  # the name a digest reference finds
+            assert (
+                held[f"{repository}@{entry['digest']}"] == entry["digest"]
+            )  # the name a digest reference finds
         assert not (tmp_path / "node-dir").exists()  # the copied archives are gone
 
         second = _playbook(tmp_path, node)
         assert second.returncode == 0, _explain(second)
-        assert _recap(second)["changed"] == 0 and "Copy the archives" not in second.stdout.split("skipping")[0]
+        assert (
+            _recap(second)["changed"] == 0 and "Copy the archives" not in second.stdout.split("skipping")[0]
+        )
         assert ctd.images() == held
 
 
@@ -164,8 +207,11 @@ def test_docker_loads_the_same_archive_under_the_same_image_id(
 ) -> None:
     out, doc = built
     with dockerd() as docker:
-        node = {"gpufleet_images_dir": str(out), "gpufleet_images_runtime": "docker",
-                "gpufleet_images_docker_host": docker.host}  # fmt: skip
+        node = {
+            "gpufleet_images_dir": str(out),
+            "gpufleet_images_runtime": "docker",
+            "gpufleet_images_docker_host": docker.host,
+        }
         first = _playbook(tmp_path, node)
         assert first.returncode == 0, _explain(first)
         for entry in doc["images"].values():
@@ -180,8 +226,11 @@ def test_a_registry_gets_the_images_pushed_once_and_an_unreachable_one_is_named(
 ) -> None:
     out, doc = built
     with registry() as reg:
-        node = {"gpufleet_images_dir": str(out), "gpufleet_images_registry": f"{reg.address}/site",
-                "gpufleet_images_registry_scheme": "http"}  # fmt: skip
+        node = {
+            "gpufleet_images_dir": str(out),
+            "gpufleet_images_registry": f"{reg.address}/site",
+            "gpufleet_images_registry_scheme": "http",
+        }
         first = _playbook(tmp_path, node)
         assert first.returncode == 0, _explain(first)
         assert _recap(first)["changed"] == 1  # the push; nothing on the node
