@@ -79,11 +79,12 @@ SERVICES = {
             ("grpcio", "protobuf", "nvidia-ml-py", "PyYAML", "kubernetes"),
             "gpufleet.deviceplugin",
         ),
-        # the extender talks to the API server with urllib3 itself (gpufleet.extender.kube)
+        # the extender talks to the API server with urllib3 (gpufleet.extender.kube), set up by the kubernetes
+        # client's kubeconfig and service-account loaders (gpufleet.kubeconfig)
         Service(
             "extender",
             REPO / "deploy" / "extender" / "Containerfile",
-            ("PyYAML", "urllib3"),
+            ("PyYAML", "urllib3", "kubernetes"),
             "gpufleet.extender",
         ),
     )
