@@ -179,22 +179,18 @@ def test_the_installed_wheel_and_collection_provision_and_validate_the_simulated
     assert "sim-dgx-a100" in facts.stdout and "failed=0" in facts.stdout
 
     limit = ":".join(f"sim-{f}" for f in FIXTURES)
-    validate = _ok(
-        machine.run(
-            "gpufleet",
-            "validate",
-            "-i",
-            "inventory",
-            "-e",
-            f"gpufleet_sim_base={base}",
-            "--limit",
-            limit,
-            "--suites",
-            "host",
-            "-e",
-            "gpufleet_driver_version=535.261.03",
-        )
+    validate_args = (
+        "gpufleet",
+        "validate",
+        "-i",
+        "inventory",
+        "-e",
+        f"gpufleet_sim_base={base}",
+        "--limit",
+        limit,
     )
+    validate_args += ("--suites", "host", "-e", "gpufleet_driver_version=535.261.03")
+    validate = _ok(machine.run(*validate_args))
     assert "result: pass (exit 0)" in validate.stdout
     report_dir = machine.work / ".lab" / "validation-report"
     assert json.loads((report_dir / "report.json").read_text())["status"] == "pass"
@@ -205,24 +201,7 @@ def test_the_installed_wheel_and_collection_provision_and_validate_the_simulated
 
     # --state-dir keeps the state elsewhere; nothing is written into the installed package
     elsewhere = machine.root / "state"
-    _ok(
-        machine.run(
-            "gpufleet",
-            "validate",
-            "-i",
-            "inventory",
-            "-e",
-            f"gpufleet_sim_base={base}",
-            "--limit",
-            limit,
-            "--suites",
-            "host",
-            "-e",
-            "gpufleet_driver_version=535.261.03",
-            "--state-dir",
-            str(elsewhere),
-        )
-    )
+    _ok(machine.run(*validate_args, "--state-dir", str(elsewhere)))
     assert (elsewhere / "validation-report" / "report.json").is_file() and any(
         (elsewhere / "runner").iterdir()
     )
