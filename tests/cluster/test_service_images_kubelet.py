@@ -35,6 +35,7 @@ def _import(node: KubeletNode, tmp_path: Path, runtime: dict[str, str]) -> dict[
     host = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,  # root already, and no sudo on this machine
         "gpufleet_images_dir": str(out),
         "gpufleet_images_node_dir": str(tmp_path / "node-dir"),
         # only the extender this time: the plugin's image is given, so the role leaves it alone

@@ -42,6 +42,7 @@ def _playbook(tmp: Path, node: dict[str, Any], *args: str) -> subprocess.Complet
     host = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,  # root already, and no sudo on this machine
         "gpufleet_images_node_dir": str(tmp / "node-dir"),
         **node,
     }
