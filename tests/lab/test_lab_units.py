@@ -135,6 +135,7 @@ def _state() -> dict:
         },
         "extender": {"host": "dgx-a100", "port": 40000},
         "gpufleet_image": "gpufleet-lab/gpufleet:abc",
+        "images_dir": "/s/images",
     }
 
 
@@ -160,6 +161,11 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert hostvars["ansible_host"] == "gpufleet-u1-dgx-a100"
     assert hostvars["ansible_connection"] == "gpufleet.nvidia.podman"
     assert hostvars["gpufleet_lab"]["repo_url"] == "http://10.0.2.2:8080"
+    # the device plugin and the extender come the operator's way: role gpufleet_images, from built archives
+    assert hostvars["gpufleet_images_dir"] == "{{ gpufleet_lab.images_dir }}"
+    assert hostvars["gpufleet_lab"]["images_dir"] == "/s/images"
+    assert "gpufleet_kubernetes_device_plugin_image" not in hostvars
+    assert "gpufleet_kubernetes_extender_image" not in hostvars
     # the runtime suite checks the runtime the host's kubelet uses (group_vars/all.yml reads this)
     assert hostvars["gpufleet_container_runtime"] == "containerd"
     assert "gpufleet_container_runtime" in hostvars["gpufleet_validation_runtime"]

@@ -26,8 +26,10 @@ TASK = "Refuse misspelled gpufleet variables (nothing has been touched yet)"
 
 
 def test_site_yml_checks_the_variable_names_first() -> None:
-    plays = yaml.safe_load((REPO / "site.yml").read_text())
-    assert plays[0]["ansible.builtin.import_playbook"] == CHECK
+    # site.yml imports playbooks/site.yml (the collection's gpufleet.nvidia.site), whose first play is the check
+    assert yaml.safe_load((REPO / "site.yml").read_text())[0]["ansible.builtin.import_playbook"] == "playbooks/site.yml"
+    plays = yaml.safe_load((REPO / "playbooks/site.yml").read_text())
+    assert "playbooks/" + plays[0]["ansible.builtin.import_playbook"] == CHECK
     check = yaml.safe_load((REPO / CHECK).read_text())
     assert check[0]["hosts"] == "localhost" and check[0]["any_errors_fatal"] is True
     assert check[0]["tasks"][0]["tags"] == ["always"]  # also under --tags

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import time
@@ -21,14 +22,17 @@ from gpufleet.runner.run import (
     EXIT_INTERNAL,
     EXIT_OK,
     EXIT_USAGE,
+    STATE_DIR_ENV,
     RunRequest,
     RunResult,
     UsageError,
+    collection_dir,
     extra_var,
     project_dir,
     resolve_extra_vars,
     resolve_inventory,
     run_playbook,
+    state_dir,
 )
 from gpufleet.validation.report import SUITES, Check, Report
 
@@ -83,6 +87,31 @@ def _add_run_options(parser: argparse.ArgumentParser, *, playbook_help: str) -> 
                         help="print one JSON document (and nothing else) on stdout")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="stream Ansible's own output (to stderr with --json)")
+    _add_state_dir(parser)
+
+
+def _add_state_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", type=Path, metavar="DIR",
+                        help="where runs keep their artifacts (DIR/runner) and the validation report "
+                             "(DIR/validation-report); default: .lab/ of the checkout, or of the current "
+                             f"directory for an installed gpufleet (${STATE_DIR_ENV})")
+
+
+def _apply_state_dir(args: argparse.Namespace) -> None:
+    if getattr(args, "state_dir", None) is not None:
+        os.environ[STATE_DIR_ENV] = str(args.state_dir.expanduser().resolve())
+
+
+def _playbook(given: Path | None, default: str, project: Path) -> Path:
+    """The playbook to run: ``--playbook`` (a path, or a playbook of the collection by name, e.g.
+    ``gpufleet.nvidia.drivers``), else ``default`` of the collection (the checkout, or the installed one)."""
+    if given is None:
+        return collection_dir(project) / default
+    path = given.expanduser()
+    name = str(given)
+    if not path.exists() and name.startswith("gpufleet.nvidia.") and "/" not in name:
+        return collection_dir(project) / "playbooks" / f"{name.removeprefix('gpufleet.nvidia.')}.yml"
+    return path.resolve()
 
 
 def register(subparsers: Any) -> None:
@@ -104,14 +133,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--suites", metavar="S",
                         help=f"comma-separated, of {','.join(SUITES)} (default: all)")
     parser.add_argument("--report-dir", type=Path, metavar="DIR",
-                        help=f"where the report goes (default: <checkout>/{DEFAULT_REPORT_DIR})")
+                        help="where the report goes (default: <state dir>/validation-report)")
     parser.set_defaults(func=_validate)
 
     parser = subparsers.add_parser("report", help="print the last validation report",
                                    description=REPORT_HELP, formatter_class=fmt)
     parser.add_argument("--report-dir", type=Path, metavar="DIR",
-                        help=f"the report's directory (default: <checkout>/{DEFAULT_REPORT_DIR})")
+                        help="the report's directory (default: <state dir>/validation-report)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    _add_state_dir(parser)
     parser.set_defaults(func=_report)
 
 
@@ -150,7 +180,7 @@ def _request(command: str, args: argparse.Namespace, default_playbook: str,
     """The run's request; ``generated_vars`` go before the user's -e (which may override them),
     ``final_vars`` after (an explicit option wins)."""
     project = project_dir()
-    playbook = (args.playbook.expanduser().resolve() if args.playbook else project / default_playbook)
+    playbook = _playbook(args.playbook, default_playbook, project)
     if not playbook.is_file():
         raise UsageError(f"playbook {playbook} not found")
     return RunRequest(
@@ -173,6 +203,7 @@ def _document(command: str, outcome: _Outcome, exit_code: int) -> dict[str, Any]
 
 
 def _provision(args: argparse.Namespace) -> int:
+    _apply_state_dir(args)
     try:
         request = _request("provision", args, "site.yml")
     except UsageError as exc:
@@ -214,7 +245,7 @@ def _report_dir(args: argparse.Namespace, project: Path) -> tuple[Path, list[str
         # relative to Ansible's working directory, the checkout
         return (project / Path(given).expanduser()).resolve(), []
     else:
-        path = project / DEFAULT_REPORT_DIR
+        path = state_dir(project) / DEFAULT_REPORT_DIR.name
     return path, [json.dumps({REPORT_VAR: str(path)})]
 
 
@@ -242,6 +273,7 @@ def _report_text(directory: Path, report: Report) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    _apply_state_dir(args)
     project = project_dir()
     try:
         report_dir, final = _report_dir(args, project)
@@ -301,8 +333,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def report_dirs(project: Path) -> tuple[Path, ...]:
-    """Where reports are looked for without --report-dir: the checkout's, then the lab's."""
-    return project / DEFAULT_REPORT_DIR, project / LAB_REPORT_DIR
+    """Where reports are looked for without --report-dir: the state directory's, then the lab's."""
+    return state_dir(project) / DEFAULT_REPORT_DIR.name, project / LAB_REPORT_DIR
 
 
 def last_report_dir(project: Path) -> Path | None:
@@ -313,6 +345,7 @@ def last_report_dir(project: Path) -> Path | None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    _apply_state_dir(args)
     if args.report_dir:
         directory = args.report_dir.expanduser().resolve()
     else:

@@ -1,11 +1,13 @@
 """One playbook run through ansible-runner's Python API, and what came of it.
 
-The checkout is runner's ``project_dir`` (Ansible's working directory, so ``ansible.cfg``, ``roles/`` and the
-collection link under ``.cache/collections`` apply; ``ANSIBLE_CONFIG`` names the checkout's ``ansible.cfg``).
-Runner's ``private_data_dir`` is ``.lab/runner`` (or ``$GPUFLEET_RUNNER_DIR``): nothing else is written into
-the checkout. Every option reaches ``ansible-playbook`` on its command line (``suppress_env_files``: no
-``env/`` files that a later run would silently reuse). Artifact directories are rotated (the newest
-``KEEP_ARTIFACTS`` kept, ``$GPUFLEET_RUNNER_KEEP`` to change).
+In a checkout, the checkout is runner's ``project_dir`` (Ansible's working directory, so ``ansible.cfg``,
+``roles/`` and the collection link under ``.cache/collections`` apply; ``ANSIBLE_CONFIG`` names the
+checkout's ``ansible.cfg``). Installed from a wheel, the directory gpufleet is run from is, and the playbooks
+are those of the installed collection gpufleet.nvidia (:func:`collection_dir`). Runner's ``private_data_dir``
+is ``<state dir>/runner`` (``.lab/`` of that directory, or ``--state-dir``; ``$GPUFLEET_RUNNER_DIR`` moves
+it): nothing else is written there. Every option reaches ``ansible-playbook`` on its command line
+(``suppress_env_files``: no ``env/`` files that a later run would silently reuse). Artifact directories are
+rotated (the newest ``KEEP_ARTIFACTS`` kept, ``$GPUFLEET_RUNNER_KEEP`` to change).
 
 Events feed a :class:`Tracker` (per-play and per-host counts, failed tasks with their messages). Results of
 ``no_log`` tasks arrive censored; their messages are never read, and their ``stdout`` is replaced (Ansible
@@ -22,6 +24,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
@@ -62,14 +65,64 @@ class UsageError(Exception):
     """Bad options or inventory: exit 2."""
 
 
+STATE_DIR_ENV = "GPUFLEET_STATE_DIR"
+COLLECTION = "gpufleet.nvidia"
+
+
+def checkout_dir() -> Path | None:
+    """The checkout gpufleet runs from (site.yml, ansible.cfg, galaxy.yml beside src/), or None when gpufleet
+    is an installed wheel."""
+    root = Path(gpufleet.__file__).resolve().parents[2]
+    marks = ("site.yml", "ansible.cfg", "galaxy.yml")
+    return root if all((root / name).is_file() for name in marks) else None
+
+
 def project_dir() -> Path:
-    """The checkout gpufleet runs from (holds site.yml, ansible.cfg, roles/, playbooks/)."""
-    return Path(gpufleet.__file__).resolve().parents[2]
+    """Ansible's working directory: the checkout (its ansible.cfg, roles/ and collection link apply), else the
+    directory gpufleet is run from (its ansible.cfg, if any, applies as it would to ansible-playbook)."""
+    return checkout_dir() or Path.cwd()
+
+
+def state_dir(project: Path) -> Path:
+    """Where runs keep their state (runner's artifacts, the validation report): ``$GPUFLEET_STATE_DIR`` (the
+    commands' ``--state-dir``), else ``<project>/.lab``: the checkout's, or the current directory's."""
+    return Path(os.environ.get(STATE_DIR_ENV) or project / ".lab").resolve()
 
 
 def runner_dir(project: Path) -> Path:
-    """Runner's private_data_dir: ``$GPUFLEET_RUNNER_DIR``, else ``<checkout>/.lab/runner``."""
-    return Path(os.environ.get(RUNNER_DIR_ENV) or project / ".lab" / "runner").resolve()
+    """Runner's private_data_dir: ``$GPUFLEET_RUNNER_DIR``, else ``<state dir>/runner``."""
+    return Path(os.environ.get(RUNNER_DIR_ENV) or state_dir(project) / "runner").resolve()
+
+
+def _tool_path() -> str:
+    """PATH for Ansible's tools: this interpreter's bin/ (the venv gpufleet is installed in) first."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+
+
+def collection_dir(project: Path) -> Path:
+    """The gpufleet.nvidia collection whose playbooks run: the checkout itself, else the installed collection
+    ansible-galaxy finds from ``project`` (ansible.cfg's collections_path, ANSIBLE_COLLECTIONS_PATH, the
+    default paths). UsageError, naming the command that installs it, when there is none."""
+    checkout = checkout_dir()
+    if checkout is not None:
+        return checkout
+    hint = (f"the Ansible collection {COLLECTION} is not installed where ansible-playbook looks; install it "
+            f"(the same version as gpufleet, {gpufleet.__version__}): ansible-galaxy collection install "
+            f"gpufleet-nvidia-{gpufleet.__version__}.tar.gz")  # fmt: skip
+    tool = shutil.which("ansible-galaxy", path=_tool_path())
+    if tool is None:
+        raise UsageError(f"ansible-galaxy not found (pip install 'gpufleet[controller]'); {hint}")
+    proc = subprocess.run([tool, "collection", "list", COLLECTION, "--format", "json"], cwd=project,
+                          capture_output=True, text=True, env={**os.environ, "PATH": _tool_path()},
+                          check=False)  # fmt: skip
+    try:
+        found = json.loads(proc.stdout or "{}")
+    except ValueError:
+        found = {}
+    for path, collections in found.items():
+        if COLLECTION in (collections or {}):
+            return Path(path, *COLLECTION.split(".")).resolve()
+    raise UsageError(hint)
 
 
 def keep_artifacts() -> int:
@@ -451,9 +504,11 @@ class RunResult:
 
 
 def _collections_env(project: Path, private: Path) -> dict[str, str]:
-    """When the collection link ansible.cfg expects is missing, one under private_data_dir, after
-    ansible.cfg's own collections_path (so this checkout's gpufleet.nvidia resolves)."""
-    if (project / ".cache/collections/ansible_collections/gpufleet/nvidia").exists():
+    """When the collection link a checkout's ansible.cfg expects is missing, one under private_data_dir, after
+    ansible.cfg's own collections_path (so this checkout's gpufleet.nvidia resolves). Nothing for an installed
+    gpufleet: Ansible finds the installed collection where collection_dir() found it."""
+    link = project / ".cache/collections/ansible_collections/gpufleet/nvidia"
+    if project != checkout_dir() or link.exists():
         return {}
     fallback = private / "collections"
     link = fallback / "ansible_collections/gpufleet/nvidia"
@@ -567,13 +622,14 @@ def run_playbook(
         return RunResult(status, rc, time.monotonic() - start, artifact, tracker.final_hosts(),
                          tracker.final_failures(), len(tracker.plays), error)
 
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+    path = _tool_path()
     if not shutil.which(ANSIBLE_PLAYBOOK, path=path):
         return result("error", None, None, f"{ANSIBLE_PLAYBOOK} not found on PATH ({path})")
     try:
         private.mkdir(parents=True, exist_ok=True, mode=0o700)
         envvars = {
-            "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
+            # a checkout's ansible.cfg, or the one where an installed gpufleet is run from (if any)
+            **({"ANSIBLE_CONFIG": str(cfg)} if (cfg := project / "ansible.cfg").is_file() else {}),
             "PATH": path,
             "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
             **({} if color else {"ANSIBLE_NOCOLOR": "1"}),

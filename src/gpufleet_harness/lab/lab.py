@@ -107,6 +107,12 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     )
     host_image = _timed(timings, "host image", ensure_host_image)
     gpufleet_image = _timed(timings, "gpufleet image", ensure_lab_image)
+    # The device plugin's and the extender's images as an operator gets them (`gpufleet release images`):
+    # site.yml's role gpufleet_images imports them into the hosts' runtimes (group_vars: gpufleet_images_dir).
+    from gpufleet_harness.release.images import build as build_service_images
+
+    images_dir = spec.state_dir / "images"
+    _timed(timings, "service images", lambda: build_service_images(images_dir))
     library = _timed(timings, "simulator library", simbuild.build_library)
 
     # Each host's device plugin /metrics on a free loopback port; the supervisor's Prometheus scrapes them.
@@ -161,6 +167,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
         "extender": {"host": spec.extender_host.name, "port": extender_port},
         "metrics": metrics,
         "gpufleet_image": gpufleet_image.name,
+        "images_dir": str(images_dir),
         "host_image": host_image,
         "timings": timings,
         "seconds": round(time.monotonic() - started, 1),
@@ -296,6 +303,7 @@ def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
                     "extender_port": state["extender"]["port"],
                     "prometheus_url": sup["prometheus"]["url"],
                     "gpufleet_image": state["gpufleet_image"],
+                    "images_dir": state.get("images_dir", ""),
                     "sim_dir": SIM_DIR,
                 },
             },

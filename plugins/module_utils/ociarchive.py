@@ -1,0 +1,1 @@
+../../src/gpufleet/ociarchive.py
