@@ -26,8 +26,9 @@ TASK = "Refuse misspelled gpufleet variables (nothing has been touched yet)"
 
 
 def test_site_yml_checks_the_variable_names_first() -> None:
-    # site.yml imports playbooks/site.yml (the collection's gpufleet.nvidia.site), whose first play is the check
-    assert yaml.safe_load((REPO / "site.yml").read_text())[0]["ansible.builtin.import_playbook"] == "playbooks/site.yml"
+    # site.yml imports playbooks/site.yml (the collection's gpufleet.nvidia.site); its first play is the check
+    top = yaml.safe_load((REPO / "site.yml").read_text())
+    assert top[0]["ansible.builtin.import_playbook"] == "playbooks/site.yml"
     plays = yaml.safe_load((REPO / "playbooks/site.yml").read_text())
     assert "playbooks/" + plays[0]["ansible.builtin.import_playbook"] == CHECK
     check = yaml.safe_load((REPO / CHECK).read_text())
@@ -134,7 +135,8 @@ def _lab_inventory(directory: Path) -> Path:
     spec = LabSpec(state_dir=directory / "state", inventory_dir=directory)
     state = {
         "supervisor": {"kubeconfig": "/k", "apiserver": {"port": 6443}, "repo": {"url": "http://127.0.0.1:1"},
-                       "scheduler": {"kubeconfig": "/s", "manifest": "/m", "secure_port": 10259}},
+                       "scheduler": {"kubeconfig": "/s", "manifest": "/m", "secure_port": 10259},
+                       "prometheus": {"url": "http://127.0.0.1:9090", "port": 9090}},
         "extender": {"host": "dgx-a100", "port": 8800},
         "gpufleet_image": "gpufleet-lab/gpufleet:test",
     }  # fmt: skip

@@ -16,8 +16,8 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from gpufleet.deviceplugin.rm.model import MIB, GpuInfo, MigDeviceInfo, NodeInventory
-from gpufleet.logs import log_event
+from ..logs import log_event
+from .rm.model import MIB, GpuInfo, MigDeviceInfo, NodeInventory
 
 DOMAIN = "nvidia.com"
 GPU = f"{DOMAIN}/gpu"  # the full-GPU resource; its labels are `nvidia.com/gpu.<name>`
