@@ -21,8 +21,8 @@ description:
   - Fails, before anything is changed, naming the packages, both versions and the variables that change the
     outcome, unless O(allow) is true. Builds of another branch never count (a branch change is a deliberate
     move of its own).
-  - Compares upstream versions only (C(535.309.01-0+deb12u1) is 535.309.01): another Debian revision of the
-    same upstream version is not a downgrade.
+  - Compares upstream versions only (C(535.309.01-0+deb12u1) is 535.309.01), so another Debian revision of
+    the same upstream version is not a downgrade.
   - Never changes the target.
 author:
   - gpufleet contributors (@gpufleet)
@@ -50,8 +50,8 @@ options:
     default: []
   installed:
     description:
-      - Installed versions to check instead of asking the package database, as C(name: version) (a driver a
-        runfile installed, whose version C(nvidia-installer --version) tells).
+      - Installed versions to check instead of asking the package database, a mapping of package (or program)
+        name to version (a driver a runfile installed, whose version C(nvidia-installer --version) tells).
     type: dict
   package_manager:
     description: Which database to read; C(auto) takes dpkg when C(dpkg-query) is there, else rpm.
