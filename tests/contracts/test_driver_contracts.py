@@ -32,7 +32,11 @@ NOT_NAMES = {
         "nvidia_mps_os_default_version",
         "nvidia_mps_package_spec",
     },
-    "nvidia_cuda_toolkit": set(),
+    "nvidia_cuda_toolkit": {
+        "nvidia_cuda_toolkit_os_defaults",
+        "nvidia_cuda_toolkit_os_default_series",
+        "nvidia_cuda_toolkit_os_default_version",
+    },
     "gpu_host_prep": set(),
 }
 SUPPORTED = {
