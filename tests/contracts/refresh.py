@@ -24,7 +24,10 @@ import contractlib
 
 # fixture name -> "module:function" (module importable from tests/contracts); the function reads the live
 # Ubuntu archive and returns the records, which refresh writes to fixtures/<name>.json. One line per fixture.
-EXTRA_FIXTURES: dict[str, str] = {"arm64-ubuntu": "test_arm64:ubuntu_records"}
+EXTRA_FIXTURES: dict[str, str] = {
+    "arm64-ubuntu": "test_arm64:ubuntu_records",
+    "driver-builds-ubuntu": "test_driver_builds:ubuntu_records",
+}
 
 
 def _extra(name: str, target: str) -> Path:
