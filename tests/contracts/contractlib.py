@@ -54,6 +54,8 @@ READS = (
     "file",
     "component",
     "kernel-packages",
+    "text",
+    "mentions",
 )
 KERNEL = "<kernel release>"  # stands for the kernel release in names a kernel-packages probe checks
 
@@ -71,6 +73,13 @@ class Distribution:
         """The vars files a role's first_found picks from, most specific first."""
         return [f"{self.facts['distribution']}.yml", f"{self.facts['os_family']}.yml"]
 
+    def archive_of(self, suite: str) -> str | None:
+        """The archive that serves one of the suites: Debian's security suites have their own
+        ("debian-security", deb.debian.org/debian-security); Ubuntu's archive serves <release>-security."""
+        if self.archive == "debian" and suite.endswith("-security"):
+            return "debian-security"
+        return self.archive
+
 
 def _distro(
     name: str, dist: str, family: str, release: str, version: str, archive: str | None
@@ -84,7 +93,9 @@ def _distro(
         "architecture": "x86_64",
         "kernel": "6.1.0-40-amd64",
     }
-    suites = (release, f"{release}-updates", f"{release}-backports") if archive else ()
+    # Every suite a host of the release installs from: the release, -updates, -security (Debian's from its
+    # security archive), and -backports for versions only backports carries.
+    suites = (release, f"{release}-updates", f"{release}-security", f"{release}-backports") if archive else ()
     if release == "sid":
         suites = ("sid", "unstable", "experimental")
     return Distribution(name, facts, archive, suites)
@@ -166,6 +177,11 @@ def validate_entry(entry: Any, where: str) -> list[str]:
         if distro and probe.get("suite") not in distro.suites:
             problems.append(
                 f"{where}: suite {probe.get('suite')} is not one of {distro.name}'s {distro.suites}"
+            )
+        elif distro and distro.archive and probe.get("archive") != distro.archive_of(probe.get("suite", "")):
+            problems.append(
+                f"{where}: suite {probe.get('suite')} is served by the archive "
+                f"{distro.archive_of(probe.get('suite', ''))}, not {probe.get('archive')}"
             )
         if entry.get("checked") == "downloaded" and probe.get("archive") == "ubuntu":
             problems.append(
@@ -410,8 +426,17 @@ def probe_key(probe: dict[str, str]) -> str:
     return json.dumps(probe, sort_keys=True)
 
 
+ARCHIVES = ("debian", "debian-security", "ubuntu")
+
+
 def archive_of(name: str) -> real.Archive:
-    return real.Archive.ubuntu() if name == "ubuntu" else real.Archive.debian()
+    if name == "ubuntu":
+        return real.Archive.ubuntu()
+    if name == "debian-security":
+        return real.Archive.debian_security()
+    if name != "debian":
+        raise ContractError(f"unknown archive {name!r}: one of {', '.join(ARCHIVES)}")
+    return real.Archive.debian()
 
 
 @cache
@@ -560,6 +585,16 @@ def _read_members(stanza: real.Stanza, probe: dict[str, str]) -> Any:
         value = _exec_start(real.deb_file(deb, paths[0]).decode())
     elif read == "file":
         value = probe["path"] if probe["path"] in members else f"(not in {stanza.package})"
+    elif read == "text":
+        path = probe["path"]
+        value = real.deb_file(deb, path).decode() if path in members else f"(not in {stanza.package})"
+    elif read == "mentions":
+        # Whether the file (a program) names `needle`, e.g. a library it loads with dlopen.
+        path, needle = probe["path"], probe["needle"]
+        if path not in members:
+            value = f"(not in {stanza.package})"
+        else:
+            value = needle if needle.encode() in real.deb_file(deb, path) else f"(no {needle} in {path})"
     else:
         raise ContractError(f"unknown probe read {read!r}")
     return value
@@ -578,6 +613,8 @@ def matches(fact: Fact, reading: Reading) -> bool:
         return value in got.split()
     if read == "file":
         return str(got) == probe.get("path") and value in (got, Path(got).name)
+    if read == "text":
+        return value in str(got).splitlines()
     return value == str(got)
 
 

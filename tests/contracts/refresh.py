@@ -27,6 +27,7 @@ import contractlib
 EXTRA_FIXTURES: dict[str, str] = {
     "arm64-ubuntu": "test_arm64:ubuntu_records",
     "container_runtimes-ubuntu": "test_container_runtimes:ubuntu_records",
+    "driver-builds-ubuntu": "test_driver_builds:ubuntu_records",
 }
 
 

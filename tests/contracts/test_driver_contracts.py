@@ -3,7 +3,12 @@ switch, persistence mode, and that every package-naming variable has a fact (Deb
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import contractlib
+import jinja2
 import pytest
 from contractlib import note_reading, role_vars
 
@@ -32,7 +37,11 @@ NOT_NAMES = {
         "nvidia_mps_os_default_version",
         "nvidia_mps_package_spec",
     },
-    "nvidia_cuda_toolkit": set(),
+    "nvidia_cuda_toolkit": {
+        "nvidia_cuda_toolkit_os_defaults",
+        "nvidia_cuda_toolkit_os_default_series",
+        "nvidia_cuda_toolkit_os_default_version",
+    },
     "gpu_host_prep": set(),
 }
 SUPPORTED = {
@@ -172,3 +181,74 @@ def test_persistence_dropin_turns_persistence_mode_on(distro: str, probe: dict[s
         contractlib.ROLES / "nvidia_driver" / "templates" / "nvidia-persistenced-override.conf.j2"
     ).read_text()
     assert "ExecStart=\nExecStart={{ nvidia_driver_persistenced_command | join(' ') }}" in template
+
+
+# The persistence daemon's unit as each distribution ships it: Debian's from its own source package (read
+# here), Ubuntu's from nvidia-compute-utils-<branch>-server (the facts' `text` probes, recorded for CI).
+DEBIAN_PERSISTENCED = {
+    "debian-12": ("bookworm", "/lib/systemd/system/nvidia-persistenced.service"),
+    "debian-13": ("trixie", "/usr/lib/systemd/system/nvidia-persistenced.service"),
+}
+
+
+def _persistenced_unit(distro: str) -> tuple[str, str]:
+    """(the unit's path, its text) in the package the role installs it from."""
+    if distro in DEBIAN_PERSISTENCED:
+        suite, path = DEBIAN_PERSISTENCED[distro]
+        probe = {"archive": "debian", "suite": suite, "component": "contrib",
+                 "package": "nvidia-persistenced", "read": "text", "path": path}  # fmt: skip
+        reading, how = contractlib.read_live(probe), "downloaded"
+    else:
+        (fact,) = [
+            f for f in contractlib.load_facts()
+            if f.distribution == distro and f.kind == "unit-setting" and f.probe and f.probe["read"] == "text"
+        ]  # fmt: skip
+        reading, how = contractlib.reading_for(fact)
+        path = fact.probe["path"]
+    note_reading(how)
+    assert reading.value.startswith(("[Unit]", "#")), f"{distro}: {path} is not in {reading.package}"
+    return path, str(reading.value)
+
+
+def _systemctl_enable(root: Path) -> tuple[bool, str]:
+    """systemctl's own offline `enable` on a root with the unit (and the drop-in): whether it linked the unit
+    into multi-user.target.wants, and what it said."""
+    done = subprocess.run(["systemctl", f"--root={root}", "enable", "nvidia-persistenced.service"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    link = root / "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service"
+    return link.is_symlink(), done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemctl") is None, reason="needs systemctl (systemd's own unit loader)")
+@pytest.mark.parametrize("distro", DEBIAN_FAMILY)
+def test_persistence_dropin_makes_the_packages_unit_start_at_boot(distro: str, tmp_path: Path) -> None:
+    """Enabling the package's unit with the role's drop-in links it into multi-user.target.wants, so the
+    daemon starts at every boot. Ubuntu's unit alone cannot be enabled (no [Install] section; only udev's
+    71-nvidia.rules starts it, and StopWhenUnneeded=true stops it again); Debian's can, and keeps that."""
+    path, text = _persistenced_unit(distro)
+    root = tmp_path / "root"
+    (root / "etc/systemd/system").mkdir(parents=True)
+    unit = root / path.lstrip("/")
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text(text)
+    alone, said = _systemctl_enable(root)
+    if distro.startswith("ubuntu"):
+        assert not alone and "no installation config" in said, f"{distro}: {said}"
+        assert "StopWhenUnneeded=true" in text.splitlines()
+    else:
+        assert alone, f"{distro}: Debian's unit no longer enables by itself: {said}"
+    shutil.rmtree(root / "etc/systemd/system/multi-user.target.wants", ignore_errors=True)
+
+    rv = role_vars("nvidia_driver", distro)
+    template = (contractlib.ROLES / "nvidia_driver" / "templates" / "nvidia-persistenced-override.conf.j2")
+    names = ("nvidia_driver_persistenced_command", "nvidia_driver_persistenced_wanted_by")
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    rendered = environment.from_string(template.read_text()).render(
+        ansible_managed="gpufleet", **{name: rv.get(name) for name in names}
+    )
+    dropin = root / str(rv.get("nvidia_driver_persistenced_dropin")).lstrip("/")
+    dropin.parent.mkdir(parents=True)
+    dropin.write_text(rendered)
+    linked, said = _systemctl_enable(root)
+    assert linked, f"{distro}: with the drop-in, systemctl enable did not link the unit: {said}"
+    assert "StopWhenUnneeded=false" in rendered.splitlines()

@@ -236,20 +236,42 @@ open(log_file, "a").write(" ".join(args) + "\n")
 '''
 
 
+# rpm -q --qf '%{NAME}\t%{VERSION}\n' NAME...: as rpm answers it, from FAKE_RPM_INSTALLED (a JSON object of
+# name -> version); "package NAME is not installed" and exit 1 for the others.
+FAKE_RPM = '''#!PYTHON
+import json, os, sys
+args = sys.argv[1:]
+if args[:2] != ["-q", "--qf"] or not args[2].startswith("%{NAME}") or "%{VERSION}" not in args[2]:
+    sys.exit("fake rpm: unexpected " + " ".join(args))
+installed = json.loads(os.environ.get("FAKE_RPM_INSTALLED") or "{}")
+missing = 0
+for name in args[3:]:
+    if name in installed:
+        print(name + "\t" + installed[name])
+    else:
+        print("package " + name + " is not installed")
+        missing += 1
+sys.exit(1 if missing else 0)
+'''
+
+
 @pytest.fixture
 def dnf(tmp_path: Path) -> dict[str, Path]:
-    """A `dnf` on PATH that keeps version locks in a file and logs what it was asked to do."""
+    """A `dnf` on PATH that keeps version locks in a file and logs what it was asked to do, and an `rpm` that
+    answers the installed versions of FAKE_RPM_INSTALLED."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    script = bindir / "dnf"
-    script.write_text(FAKE_DNF.replace("PYTHON", sys.executable, 1))
-    script.chmod(0o755)
+    for name, text in (("dnf", FAKE_DNF), ("rpm", FAKE_RPM)):
+        script = bindir / name
+        script.write_text(text.replace("PYTHON", sys.executable, 1))
+        script.chmod(0o755)
     return {"bin": bindir, "locks": tmp_path / "locks", "log": tmp_path / "dnf.log",
             "modules": tmp_path / "modules"}
 
 
 def play(tmp_path: Path, tasks: list[dict[str, Any]], arch: str = "x86_64", check: bool = False,
-         dnf: dict[str, Path] | None = None) -> subprocess.CompletedProcess[str]:
+         dnf: dict[str, Path] | None = None, installed: dict[str, str] | None = None,
+         ) -> subprocess.CompletedProcess[str]:
     """Run tasks on localhost through ansible-playbook from the repository root (ansible.cfg applies)."""
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{
@@ -260,7 +282,8 @@ def play(tmp_path: Path, tasks: list[dict[str, Any]], arch: str = "x86_64", chec
            "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
     if dnf:
         env |= {"PATH": f"{dnf['bin']}:{env['PATH']}", "FAKE_DNF_LOCKS": str(dnf["locks"]),
-                "FAKE_DNF_LOG": str(dnf["log"]), "FAKE_DNF_MODULES": str(dnf["modules"])}
+                "FAKE_DNF_LOG": str(dnf["log"]), "FAKE_DNF_MODULES": str(dnf["modules"]),
+                "FAKE_RPM_INSTALLED": json.dumps(installed or {})}
     argv = [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
             "-e", json.dumps({"ansible_python_interpreter": sys.executable}), str(playbook)]
     if check:
@@ -389,7 +412,8 @@ Hint: [d]efault, [e]nabled, [x]disabled, [i]nstalled
 
 
 def driver_up_to_install(tmp_path: Path, dnf: dict[str, Path], enabled: str,
-                         **settings: str) -> subprocess.CompletedProcess[str]:
+                         installed: dict[str, str] | None = None, **settings: str,
+                         ) -> subprocess.CompletedProcess[str]:
     """nvidia_driver's RedHat package tasks with `enabled` the stream dnf reports as enabled ("" for none)."""
     dnf["modules"].write_text(MODULES.format(e535=" [d][e]" if enabled == "535-dkms" else "",
                                              e580=" [e]" if enabled == "580-dkms" else ""))
@@ -399,7 +423,7 @@ def driver_up_to_install(tmp_path: Path, dnf: dict[str, Path], enabled: str,
          "ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "setup"}},
         {"name": "Install from packages", "vars": role,
          "ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "package-RedHat"}},
-    ], dnf=dnf)
+    ], dnf=dnf, installed=installed)
 
 
 def module_commands(dnf: dict[str, Path]) -> list[str]:
@@ -449,3 +473,17 @@ def test_driver_version_missing_from_the_stream_is_refused_naming_the_offered_on
     assert "nvidia-driver 535.999.01 is not in the module stream 535-dkms" in result.stdout, result.stdout
     assert "(offered: 535.247.01, 535.261.03)" in result.stdout, result.stdout
     assert module_commands(dnf) == []
+
+
+def test_newer_installed_build_of_the_branch_is_not_moved_back(tmp_path: Path,
+                                                              dnf: dict[str, Path]) -> None:
+    """rpm says nvidia-driver 535.309.01 is installed, 535.261.03 is asked for: refused before any dnf."""
+    installed = {"nvidia-driver": "535.309.01", "kmod-nvidia-latest-dkms": "535.309.01"}
+    result = driver_up_to_install(tmp_path, dnf, "535-dkms", installed=installed)
+    assert result.returncode != 0
+    assert "kmod-nvidia-latest-dkms, nvidia-driver at 535.309.01" in result.stdout, result.stdout
+    assert "nvidia_driver_allow_downgrade (or gpufleet_driver_allow_downgrade): true" in result.stdout
+    assert module_commands(dnf) == [] and not dnf["log"].exists()
+    allowed = driver_up_to_install(tmp_path, dnf, "535-dkms", installed=installed,
+                                   nvidia_driver_allow_downgrade="true")
+    assert "Ensure the driver packages are installed at exactly" in allowed.stdout, allowed.stdout

@@ -1,7 +1,8 @@
 """End state of nvidia_driver: packages pinned and held, runfile installed with its flags, removal clean.
 
 Each host's groups and expected driver version come from the scenario's molecule.yml (platform groups and
-the provisioner's group_vars: bookworm 535.261.03, trixie 550.163.01), not from constants here.
+the provisioner's group_vars: bookworm 535.309.01 from bookworm-security, trixie 550.163.01, the runfile
+host the stand-in runfile's 535.261.03), not from constants here.
 """
 
 import os
@@ -81,6 +82,24 @@ def test_package_host_nonfree_source_and_persistenced(host, groups):
     assert "non-free" in fields["Components"].split()
     assert host.system_info.codename in fields["Suites"].split()
     assert host.service("nvidia-persistenced").is_enabled
+
+
+def test_package_host_gets_debians_security_updates_of_the_driver(host, groups, version):
+    """The driver's security updates are in <release>-security's non-free, which a stock host lacks."""
+    if not _package_host(groups):
+        pytest.skip("package hosts only")
+    source = host.file("/etc/apt/sources.list.d/debian-security-nonfree-nvidia.sources")
+    lines = [line.split(":", 1) for line in source.content_string.splitlines() if ":" in line]
+    fields = {key.strip(): value.strip() for key, value in lines}
+    assert fields["URIs"] == "http://deb.debian.org/debian-security"
+    assert fields["Suites"].split() == [f"{host.system_info.codename}-security"]
+    assert {"contrib", "non-free", "non-free-firmware"} <= set(fields["Components"].split())
+    if host.system_info.codename == "bookworm":
+        # The installed build is the one bookworm-security serves (the role's default), pinned at 1001.
+        policy = host.check_output("apt-cache policy nvidia-smi")
+        assert "deb.debian.org/debian-security bookworm-security/non-free" in policy, policy
+        (installed,) = [line.split() for line in policy.splitlines() if line.lstrip().startswith("***")]
+        assert installed[1] == f"{version}-0+deb12u1" and installed[2] == "1001", policy
 
 
 def test_userspace_reports_driver_not_loaded(host, groups):

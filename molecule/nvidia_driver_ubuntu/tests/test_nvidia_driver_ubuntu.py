@@ -75,9 +75,32 @@ def test_driver_comes_from_restricted_without_debian_sources(host):
     assert "/restricted " in madison, madison
 
 
-def test_persistenced_enabled(host):
-    # Enabled, not started: without a kernel module the daemon cannot run (verify_kernel_module false).
-    assert host.service("nvidia-persistenced").is_enabled
+def test_persistenced_enabled_for_boot(host):
+    # Enabled for real: linked into multi-user.target.wants. Ubuntu's unit has no [Install] section, so
+    # without the role's drop-in `systemctl is-enabled` says "static" (which testinfra's is_enabled accepts).
+    assert host.check_output("systemctl is-enabled nvidia-persistenced") == "enabled"
+    assert host.file("/etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service").is_symlink
+    props = host.check_output("systemctl show -p StopWhenUnneeded -p WantedBy nvidia-persistenced")
+    assert "StopWhenUnneeded=no" in props.splitlines(), props
+    assert "multi-user.target" in props, props
+
+
+def test_persistenced_started_during_the_boot_after_the_reboot(host):
+    """The side effect rebooted the host; systemd then started the daemon from multi-user.target, with the
+    drop-in's command. Without a GPU it gets as far as looking for the devices and exits (the control process
+    fails, so systemd records no main PID): the unit left `inactive` during this boot, and the daemon's own
+    log of this boot shows it ran as its user, loaded libnvidia-cfg.so.1 and looked for /dev/nvidia*."""
+    before = host.file("/var/tmp/gpufleet-boot-before-reboot").content_string.strip()
+    assert host.check_output("cut -d' ' -f22 /proc/1/stat") != before, "the host did not reboot"
+    # A restarted systemd starts every unit's record from zero: a timestamp means a start job this boot.
+    left = host.check_output("systemctl show --value -p InactiveExitTimestampMonotonic nvidia-persistenced")
+    assert int(left) > 0, "systemd did not start nvidia-persistenced during this boot"
+    daemon = host.check_output("journalctl -b --no-pager -o cat -t nvidia-persistenced")
+    assert "Now running with user ID" in daemon, daemon
+    assert "Failed to open libnvidia-cfg.so.1" not in daemon, daemon
+    assert "Failed to query NVIDIA devices" in daemon, daemon
+    unit = host.check_output("journalctl -b --no-pager -o cat -u nvidia-persistenced")
+    assert "Starting NVIDIA Persistence Daemon" in unit or "Starting nvidia-persistenced" in unit, unit
 
 
 def test_persistenced_runs_with_persistence_mode_on(host):

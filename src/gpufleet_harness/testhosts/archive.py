@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import io
 import lzma
+import os
 import re
 import subprocess
 import tarfile
@@ -31,6 +32,9 @@ from gpufleet_harness.testhosts.images import (
 from gpufleet_harness.testhosts.workspace import state_dir
 
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+# Debian's security updates (<release>-security) are served from their own archive, signed by keys that
+# Debian's archive keyring also holds. GPUFLEET_DEBIAN_SECURITY_MIRROR overrides it.
+DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 # Large enough for the biggest index or package the contracts read (a driver's .deb is ~30 MiB).
 DOWNLOAD_TIMEOUT = 180.0
 
@@ -43,12 +47,17 @@ class ArchiveError(RuntimeError):
 class Archive:
     """One distribution's archive: where it is served and which keyring signs its suites."""
 
-    name: str  # "debian" or "ubuntu": how fixtures and tables name it
+    name: str  # "debian", "debian-security" or "ubuntu": how fixtures and tables name it
     mirror: str
 
     @classmethod
     def debian(cls) -> Archive:
         return cls("debian", apt_mirror())
+
+    @classmethod
+    def debian_security(cls) -> Archive:
+        mirror = os.environ.get("GPUFLEET_DEBIAN_SECURITY_MIRROR") or DEBIAN_SECURITY_MIRROR
+        return cls("debian-security", mirror.rstrip("/"))
 
     @classmethod
     def ubuntu(cls) -> Archive:
