@@ -95,9 +95,24 @@ def _nvml_answers(env: dict[str, str], getter: str) -> bool:
     return done.stdout.startswith("yes")
 
 
+def _field_answers(env: dict[str, str], field_id: int, scope: int = 0) -> int | None:
+    """GPU 0's nvmlDeviceGetFieldValues answer for one field, asked directly: its value, None on an error."""
+    code = textwrap.dedent(f"""
+        import pynvml
+        pynvml.nvmlInit()
+        [v] = pynvml.nvmlDeviceGetFieldValues(pynvml.nvmlDeviceGetHandleByIndex(0), [({field_id}, {scope})])
+        print(v.value.uiVal if v.nvmlReturn == 0 else "no")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    answer = done.stdout.strip()
+    return None if answer == "no" else int(answer)
+
+
 def test_every_simulated_gpu_has_its_series(node: Node) -> None:
     text = node.metrics()
-    every = ("FB_FREE", "FB_USED", "GPU_TEMP", "POWER_USAGE", "SM_CLOCK", "GPU_UTIL", "XID_ERRORS")
+    every = ("FB_FREE", "FB_USED", "GPU_TEMP", "MEMORY_TEMP", "POWER_USAGE", "SM_CLOCK", "GPU_UTIL",
+             "XID_ERRORS")
     for name in (f"DCGM_FI_DEV_{short}" for short in every):
         found = {s.labels["UUID"] for s in samples(text, name)}
         assert found == set(node.uuids), f"{name}: series for {len(found)} of {GPUS} GPUs"
@@ -118,6 +133,13 @@ def test_a_series_exists_exactly_when_the_simulators_nvml_answers_its_getter(nod
         answers = _nvml_answers(node.env, getter)
         served = bool(samples(text, name, gpu="0"))
         assert served == answers, f"{name}: served {served}, but NVML answers {getter}: {answers}"
+    # the field values: the A100's memory sensor answers (served, with its reading), NVLink throughput does
+    # not (the simulator answers NOT_SUPPORTED for it, as the real H200 did: left out)
+    memory_temp = _field_answers(node.env, 82)
+    assert memory_temp is not None
+    assert [s.value for s in samples(text, "DCGM_FI_DEV_MEMORY_TEMP", gpu="0")] == [memory_temp]
+    assert _field_answers(node.env, 140, 0xFFFFFFFF) is None
+    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") == []
 
 
 def test_a_pod_holding_a_gpu_labels_its_series(node: Node) -> None:

@@ -193,7 +193,8 @@ def test_processes_memory_and_names(fresh_root: Roots, nvml: Runner) -> None:
              rc, c.value])
     """)
     want = [[4242, 2048], [4343, 512]]
-    assert r == [want, want, [], [], 2048 + 512 + 2 * workload.CONTEXT_MIB, True, [0xFFFFFFFF, 0xFFFFFFFF],
+    used_mib = ((2048 + 512) * 1024 + 2 * workload.CONTEXT_KIB) // 1024  # two processes, two contexts
+    assert r == [want, want, [], [], used_mib, True, [0xFFFFFFFF, 0xFFFFFFFF],
                  "train.py", "burn", "NVMLError_NotFound", 7, 2]
     # a workload that does not fit is refused as cudaMalloc would be, naming what is free
     with pytest.raises(simcontrol.InjectError, match=r"GPU 0 has \d+ MiB free.*out of memory"):
@@ -346,7 +347,7 @@ def test_mig_devices_carry_their_processes_and_utilization_is_not_supported(fres
     gi, ci = r[3]
     assert (gi, ci) == (big["gi"], big["ci"])
     assert r[0] == [[300, gi, ci]] and r[1] == [[[300, gi, ci]], []]
-    assert r[2] == [300 + workload.CONTEXT_MIB, 0]
+    assert r[2] == [(300 * 1024 + workload.CONTEXT_KIB) // 1024, 0]
     assert r[4] == "NVMLError_NotSupported"
     assert r[5] is True  # GPU 2 draws more than the idle GPU 3
 
@@ -380,6 +381,52 @@ def test_burner_keeps_its_gpus_busy_while_it_runs(fresh_root: Roots, nvml: Runne
     assert nvml(root, code) == [[0, []], [0, []], [0, []]]
 
 
+def test_a_memory_bound_burner_keeps_the_memory_busy_below_the_power_cap(fresh_root: Roots,
+                                                                          nvml: Runner) -> None:
+    """`--kind membound`, the recorded memset loop: GPU and memory 100 % busy, the power between idle and the
+    cap, every clock at its maximum and no clock-event reason; the default (compute) meets the cap."""
+    root = fresh_root("pcie-2x-t4")
+    simcontrol.inject(root, ["clock", "50"])
+    env = {**os.environ, "GPUFLEET_SIM_ROOT": str(root)}
+    code = """
+        n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+        u = n.nvmlDeviceGetUtilizationRates(h)
+        out([u.gpu, u.memory, n.nvmlDeviceGetClockInfo(h, 1) == n.nvmlDeviceGetMaxClockInfo(h, 1),
+             n.nvmlDeviceGetCurrentClocksEventReasons(h), n.nvmlDeviceGetPowerUsage(h),
+             n.nvmlDeviceGetEnforcedPowerLimit(h)])
+    """
+    idle_mw = nvml(root, code)[4]
+    burner = subprocess.run([*BURN, "--devices", "0", "--kind", "membound", "--seconds", "0.01"], env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert burner.stdout.startswith("gpufleet-sim-burn: GPU 0 busy at 100 %"), burner.stdout
+    assert [ld.kind for ld in workload.read_state(root).loads] == [workload.MEMBOUND]
+    simcontrol.inject(root, ["load", "1", "kind", "membound", "seconds", "30"])
+    simcontrol.inject(root, ["clock", "53"])
+    gpu, memory, max_clock, reasons, power, limit = nvml(root, code.replace("Index(0)", "Index(1)"))
+    assert (gpu, memory, max_clock, reasons) == (100, 100, True, 0)
+    assert idle_mw < power < 0.98 * limit
+    simcontrol.inject(root, ["load", "0", "kind", "compute", "seconds", "30"])
+    simcontrol.inject(root, ["clock", "56"])
+    assert nvml(root, code)[:4] == [100, 25, False, SW_POWER_CAP]
+
+
+def test_state_lines_without_a_kind_are_compute_work(fresh_root: Roots, nvml: Runner) -> None:
+    """A line of an older writer (no kind) or of a newer one (a kind this version does not know) is
+    compute-bound work, for the library and for workload.py alike; membound is read as such."""
+    root = fresh_root("pcie-2x-t4")
+    simcontrol.inject(root, ["clock", "10"])
+    (root / "workloads" / "state").write_text(
+        "next 4\n"
+        "load 1 0 5000 -1 100 25 0 0 7 100 -1 -1 old\n"
+        "load 2 1 5000 -1 100 25 0 0 8 100 -1 -1 newer tensor\n"
+        "load 3 1 5000 -1 0 0 0 0 9 100 -1 -1 mb membound\n")
+    assert [ld.kind for ld in workload.read_state(root).loads] == [workload.COMPUTE, workload.COMPUTE,
+                                                                     workload.MEMBOUND]
+    reasons = nvml(root, "n.nvmlInit(); out([n.nvmlDeviceGetCurrentClocksEventReasons("
+                         "n.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)])")
+    assert reasons == [SW_POWER_CAP, SW_POWER_CAP]  # both GPUs run a full compute load: held by the cap
+
+
 def test_a_killed_burner_frees_its_gpu_when_its_lease_runs_out(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("pcie-2x-t4")
     simcontrol.inject(root, ["clock", "50"])
@@ -402,6 +449,7 @@ def test_a_killed_burner_frees_its_gpu_when_its_lease_runs_out(fresh_root: Roots
     (["load", "0", "util"], "usage: load N"),
     (["load", "9"], "GPU 9 does not exist"),
     (["load", "0", "seconds", "0"], "seconds must be positive"),
+    (["load", "0", "kind", "tensor"], "kind must be one of compute, membound, got 'tensor'"),
     (["idle"], "usage: idle N|all"),
     (["clock", "soon"], "seconds since boot, +seconds or real, got 'soon'"),
 ])
@@ -442,7 +490,8 @@ def test_nvidia_smi_shows_the_load(fresh_root: Roots) -> None:
         end = header.index(head) + len(head)
         assert row.index(word) + len(word) in (end, end - 1), (word, head)
     assert row.index("python3") == header.index("Process name")
-    assert "691W /  700W" in summary and "1138MiB / 143771MiB" in summary and "100%      Default" in summary
+    # 1130 MiB and the context's 8.8 MiB: 1139 MiB in use, as the recorded dmon's fb shows
+    assert "691W /  700W" in summary and "1139MiB / 143771MiB" in summary and "100%      Default" in summary
     dmon = subprocess.run([*smi, "dmon", "-s", "pucvmet", "-c", "2", "-d", "0"], env=env, capture_output=True,
                           text=True, timeout=60, check=True).stdout.splitlines()
     recorded = (RECORDING / "dmon.txt").read_text().splitlines()
@@ -450,4 +499,4 @@ def test_nvidia_smi_shows_the_load(fresh_root: Roots) -> None:
     assert [len(line) for line in dmon[2:]] == [len(recorded[2])] * 2
     values = dict(zip(recorded[0].split()[1:], dmon[2].split(), strict=True))
     assert (values["pwr"], values["sm"], values["mem"], values["pclk"], values["pviol"], values["fb"]) == (
-        "691", "100", "25", "1485", "100", "1138")
+        "691", "100", "25", "1485", "100", "1139")

@@ -4,7 +4,8 @@ A test pod runs it where a real one would run a CUDA job: it keeps the GPUs name
 ``NVIDIA_VISIBLE_DEVICES`` (what the device plugin's Allocate set; ``--devices`` overrides) busy for its
 lifetime by registering one workload per GPU in the sim root (``$GPUFLEET_SIM_ROOT``, the lab's NVIDIA
 runtime mounts it into GPU containers), so NVML, nvidia-smi and exporters see 100 % utilization, the power
-at its cap, the process and its memory, until it exits (``--seconds``, SIGTERM, SIGINT). Without
+at its cap (``--kind compute``, matrix products, the default; ``--kind membound``: a memset loop, memory 100 %
+busy below the cap), the process and its memory, until it exits (``--seconds``, SIGTERM, SIGINT). Without
 ``--seconds`` the workloads hold a lease of LEASE_S that it renews every RENEW_S, so a burner killed with
 SIGKILL leaves its GPUs idle within the lease, as a dead process frees a real GPU.
 
@@ -120,9 +121,10 @@ class Burner:
     """The workloads of one burner: started together, renewed together, stopped together."""
 
     def __init__(self, root: Path, chosen: list[Target], *, util: int, mem_util: int | None, memory_mib: int,
-                 seconds: float | None, name: str) -> None:
+                 seconds: float | None, name: str, kind: str = workload.COMPUTE) -> None:
         self.root, self.chosen, self.seconds = root, chosen, seconds
         self.util, self.mem_util, self.memory_mib, self.name = util, mem_util, memory_mib, name
+        self.kind = kind
         self.ids: dict[int, int] = {}  # target position → its current workload id
 
     def _start(self, k: int) -> workload.Load:
@@ -130,7 +132,7 @@ class Burner:
         util = round(self.util * t.share)
         mem_util = None if self.mem_util is None else round(self.mem_util * t.share)
         load = workload.start(self.root, t.gpu, util=util, mem_util=mem_util, memory_mib=self.memory_mib,
-                              name=self.name, seconds=self.seconds or LEASE_S, mig=t.mig)
+                              name=self.name, seconds=self.seconds or LEASE_S, mig=t.mig, kind=self.kind)
         self.ids[k] = load.id
         return load
 
@@ -164,7 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help=f"the sim root (default: $GPUFLEET_SIM_ROOT, else {DEFAULT_ROOT})")
     p.add_argument("--util", type=int, default=100, help="GPU utilization, %% (default 100)")
     p.add_argument("--memory-util", type=int,
-                   help="memory-copy utilization, %% (default: a quarter of --util)")
+                   help="memory-copy utilization, %% (default: a quarter of --util, all of it for membound)")
+    p.add_argument("--kind", choices=workload.KINDS, default=workload.COMPUTE,
+                   help="compute: matrix products, held by the power cap (default); membound: a memset loop")
     p.add_argument("--memory", type=int, default=1024, metavar="MIB",
                    help="GPU memory to hold per GPU (1024)")
     p.add_argument("--seconds", type=float, help="run this long (default: until SIGTERM or SIGINT)")
@@ -184,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     try:
         burner = Burner(root, targets(root, devices), util=args.util, mem_util=args.memory_util,
-                        memory_mib=args.memory, seconds=args.seconds, name=args.name)
+                        memory_mib=args.memory, seconds=args.seconds, name=args.name, kind=args.kind)
         for load in burner.start():
             print(f"gpufleet-sim-burn: GPU {load.gpu} busy at {load.util} % (pid {load.pid}, "
                   f"{load.memory_mib} MiB){'' if args.seconds else ' until stopped'}", flush=True)

@@ -21,11 +21,13 @@ class InjectError(ValueError):
 
 USAGE = ("driver loaded|unloaded, fabricmanager running|stopped, gpu N lost|ok|reset, xid N CODE [GI CI], "
          "ecc-dbe N COUNT, library missing|present, load N [util U] [memory-util U] [encoder U] [decoder U] "
-         "[pid P] [memory MIB] [name NAME] [seconds S], idle N|all, clock SECONDS|+SECONDS|real")
+         "[pid P] [memory MIB] [name NAME] [seconds S] [kind compute|membound], idle N|all, "
+         "clock SECONDS|+SECONDS|real")
 # The options of `load`, each followed by its value: option → (keyword of workload.start, type).
 LOAD_OPTIONS: dict[str, tuple[str, type]] = {
     "util": ("util", int), "memory-util": ("mem_util", int), "encoder": ("enc", int), "decoder": ("dec", int),
     "pid": ("pid", int), "memory": ("memory_mib", int), "name": ("name", str), "seconds": ("seconds", float),
+    "kind": ("kind", str),
 }
 
 
@@ -238,7 +240,7 @@ def _load(root: Path, machine: dict, words: list[str]) -> str:
         raise InjectError(str(e)) from None
     seconds = (load.end_ms - load.start_ms) / 1000
     until = "until stopped" if load.end_ms == workload.NO_END else f"for {seconds:g} s"
-    return (f"load {load.id} on GPU {gpu}: {load.util} % busy, pid {load.pid} ({load.name}), "
+    return (f"load {load.id} on GPU {gpu}: {load.util} % busy ({load.kind}), pid {load.pid} ({load.name}), "
             f"{load.memory_mib} MiB, {until}")
 
 

@@ -487,6 +487,11 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     if idle_power_mw is not None:
         idle_power_mw = _int(idle_power_mw, "gpu.idle_power_mw", 1, power_limit_mw)
     idle_temp = _int(model.get("idle_temperature_c", 30), "gpu.idle_temperature_c", 0, 120)
+    # The memory's own sensor (HBM boards): nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP); absent or null
+    # answers NOT_SUPPORTED, as GDDR boards do.
+    idle_mem_temp = model.get("idle_memory_temperature_c")
+    if idle_mem_temp is not None:
+        idle_mem_temp = _int(idle_mem_temp, "gpu.idle_memory_temperature_c", 0, 120)
 
     def idle_mw(i: int) -> int:
         base = idle_power_mw if idle_power_mw is not None else power_limit_mw * 15 // 100
@@ -581,6 +586,7 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             # How workloads move its power, clocks and temperature (native/load.c, workload.py).
             "load": workload.derive_params(idle_mw(i), power_limit_mw),
             "temperature_c": idle_temp + i % 6,
+            "memory_temperature_c": None if idle_mem_temp is None else idle_mem_temp + i % 6,
             "performance_state": 0,
             "clocks": idle,
             "max_clocks": max_clocks,

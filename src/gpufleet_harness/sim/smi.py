@@ -590,10 +590,12 @@ def _topo_parser() -> argparse.ArgumentParser:
 
 
 # `dmon`'s metric groups (-s), each a list of (column, unit, value from a GPU's Reader or None → "-"), as
-# nvidia-smi 580 printed them on the H200 (tests/realgpu/h200-580.159.04/dmon.txt, `-s pucvmet`).
+# nvidia-smi 580 printed them on the H200 (tests/realgpu/h200-580.159.04/dmon.txt, `-s pucvmet`; with a
+# process running: h200-580.159.04-host3-process/dmon-busy.txt).
 def _dmon_power(r: Reader) -> list[Any]:
     power = r.get("nvmlDeviceGetPowerUsage")
-    return [None if power is None else power // 1000, r.get("nvmlDeviceGetTemperature", 0), None]
+    return [None if power is None else power // 1000, r.get("nvmlDeviceGetTemperature", 0),
+            r.field(smi_query.FI_MEMORY_TEMP)]
 
 
 def _dmon_util(r: Reader) -> list[Any]:

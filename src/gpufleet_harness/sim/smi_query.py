@@ -19,6 +19,7 @@ from xml.sax.saxutils import escape
 NA = "N/A"
 MIB = 1 << 20
 LABEL_WIDTH = 55  # -q pads "    Label" to this many columns before ": value"
+PROCESS_LABEL_WIDTH = 42  # ... but the Processes section to this many (recorded with a process running)
 INDENT = "    "
 BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 5: "GeForce", 6: "TITAN", 13: "NVIDIA RTX", 14: "NVIDIA"}
 ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
@@ -27,6 +28,11 @@ VIRTUALIZATION = {0: "None", 1: "Pass-Through", 2: "VGPU", 3: "Host VGPU", 4: "H
 ADDRESSING = {0: "None", 1: "HMM", 2: "ATS"}
 COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+# nvml.h field ids (nvmlDeviceGetFieldValues) nvidia-smi's readings come from, and nvmlValueType_t -> the
+# member of nvmlValue_t holding the value
+FI_MEMORY_TEMP, FI_POWER_INSTANT = 82, 186
+FIELD_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
 # NVML_CLOCKS_EVENT_REASON_* bits
 IDLE, APP_CLOCKS, SW_POWER_CAP, HW_SLOWDOWN, SYNC_BOOST = 0x1, 0x2, 0x4, 0x8, 0x10
 SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE, DISPLAY_CLOCKS = 0x20, 0x40, 0x80, 0x100
@@ -48,6 +54,20 @@ class Reader:
         except self.nv.NVMLError:
             return None
         return value.decode() if isinstance(value, bytes) else value
+
+    def field(self, field_id: int, scope: int = 0) -> Any:
+        """One nvmlDeviceGetFieldValues field's value, or None where NVML answers an error for it."""
+        fn = getattr(self.nv, "nvmlDeviceGetFieldValues", None)
+        if fn is None:
+            return None
+        try:
+            [value] = fn(self.handle, [(field_id, scope)])
+        except self.nv.NVMLError:
+            return None
+        member = FIELD_VALUE_MEMBERS.get(int(value.valueType))
+        if int(value.nvmlReturn) != 0 or member is None:
+            return None
+        return getattr(value.value, member)
 
     def struct(self, struct_name: str, fn_name: str, version_name: str | None) -> Any:
         """A call that fills a caller-made structure (pynvml passes it as given)."""
@@ -96,15 +116,18 @@ def processes(r: Reader) -> list[Process]:
 
 
 def _process_nodes(r: Reader) -> list[Node]:
-    """-q's Processes: "None", or per process its instance ids, pid, type, name and memory (the layout of
-    nvidia-smi's -q; not recorded on the real H200, which ran no process while -q was taken)."""
+    """-q's Processes: "None", or per process its instance ids, pid, type, name and memory, the labels padded
+    to 42 columns rather than 55 (as a real H200 printed them with a process running:
+    tests/realgpu/h200-580.159.04-host3-process/smi-q-busy.txt, smi-qx-busy.txt)."""
     procs = processes(r)
     if not procs:
         return [F("Processes", None, "None"), G(None, "processes")]
+    width = PROCESS_LABEL_WIDTH
     text = G("Processes", None, *[node for p in procs for node in (
-        F("GPU instance ID", None, p.gi), F("Compute instance ID", None, p.ci), F("Process ID", None, p.pid),
-        F("Type", None, "C", deeper=True), F("Name", None, p.name, deeper=True),
-        F("Used GPU Memory", None, _mib(p.used_bytes), deeper=True))])
+        F("GPU instance ID", None, p.gi, width=width), F("Compute instance ID", None, p.ci, width=width),
+        F("Process ID", None, p.pid, width=width), F("Type", None, "C", deeper=True, width=width),
+        F("Name", None, p.name, deeper=True, width=width),
+        F("Used GPU Memory", None, _mib(p.used_bytes), deeper=True, width=width))])
     xml = G(None, "processes", *[G(None, "process_info", F(None, "gpu_instance_id", p.gi),
                                    F(None, "compute_instance_id", p.ci), F(None, "pid", p.pid),
                                    F(None, "type", "C"), F(None, "process_name", p.name),
@@ -129,13 +152,14 @@ class Node:
     children: list[Node] = field(default_factory=list)
     deeper: bool = False
     empty_text: str | None = None  # XML text of a childless group ("None" for mig_devices), else open/close
+    width: int = LABEL_WIDTH  # the text rendering pads "    Label" to this many columns
 
 
-def F(label: str | None, tag: str | None, value: Any, deeper: bool = False) -> Node:
+def F(label: str | None, tag: str | None, value: Any, deeper: bool = False, width: int = LABEL_WIDTH) -> Node:
     """A leaf; None prints N/A."""
     if value is None:
         value = NA
-    return Node(label, tag, value if isinstance(value, tuple) else str(value), deeper=deeper)
+    return Node(label, tag, value if isinstance(value, tuple) else str(value), deeper=deeper, width=width)
 
 
 def G(label: str | None, tag: str | None, *children: Node, empty_text: str | None = None) -> Node:
@@ -153,7 +177,7 @@ def render_text(nodes: Sequence[Node], depth: int) -> list[str]:
             lines.extend(render_text(node.children, depth + 1))
             continue
         value = node.value[0] if isinstance(node.value, tuple) else node.value
-        lines.append(f"{pad + node.label:<{LABEL_WIDTH}}: {value}")
+        lines.append(f"{pad + node.label:<{node.width}}: {value}")
     return lines
 
 
@@ -366,9 +390,11 @@ def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
         F("Sparse Operation Mode", "sparse_operation_mode", "Disabled"),
         G("FB Memory Usage", "fb_memory_usage",
           F("Total", "total", None if total_mib is None else f"{total_mib} MiB"),
+          # each figure rounded up, as recorded (reserved 615.06 -> 616; busy: used 1550.81 -> 1551, free
+          # 141605.19 -> 141606 MiB)
           F("Reserved", "reserved", _mib(_attr(mem, "reserved"), math.ceil)),
-          F("Used", "used", _mib(_attr(mem, "used"))),
-          F("Free", "free", _mib(_attr(mem, "free")))),
+          F("Used", "used", _mib(_attr(mem, "used"), math.ceil)),
+          F("Free", "free", _mib(_attr(mem, "free"), math.ceil))),
         G("BAR1 Memory Usage", "bar1_memory_usage",  # whole MiB used, the rest free (1 / 262143 recorded)
           F("Total", "total", _mib(_attr(bar1, "bar1Total"), math.floor)),
           F("Used", "used", _mib(_attr(bar1, "bar1Used"), math.floor)),
@@ -383,7 +409,8 @@ def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
           F("Memory", "memory_util", None if util is None else f"{util.memory} %"),
           F("Encoder", "encoder_util", _unit(_pair(r.get("nvmlDeviceGetEncoderUtilization"), 0), "%")),
           F("Decoder", "decoder_util", _unit(_pair(r.get("nvmlDeviceGetDecoderUtilization"), 0), "%")),
-          F("JPEG", "jpeg_util", "0 %"), F("OFA", "ofa_util", "0 %")),
+          F("JPEG", "jpeg_util", _unit(_pair(r.get("nvmlDeviceGetJpgUtilization"), 0), "%")),
+          F("OFA", "ofa_util", _unit(_pair(r.get("nvmlDeviceGetOfaUtilization"), 0), "%"))),
         G("Encoder Stats", "encoder_stats", F("Active Sessions", "session_count", 0),
           F("Average FPS", "average_fps", 0), F("Average Latency", "average_latency", 0)),
         G("FBC Stats", "fbc_stats", F("Active Sessions", "session_count", 0),
@@ -428,13 +455,13 @@ def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
           F("GPU Slowdown T.Limit Temp", "gpu_temp_slow_tlimit_threshold", None),
           F("GPU Max Operating T.Limit Temp", "gpu_temp_max_gpu_tlimit_threshold", None),
           F("GPU Target Temperature", "gpu_target_temperature", None),
-          F("Memory Current Temp", "memory_temp", None),
+          F("Memory Current Temp", "memory_temp", _unit(r.field(FI_MEMORY_TEMP), "C")),
           F("Memory Max Operating T.Limit Temp", "gpu_temp_max_mem_tlimit_threshold", None)),
         G(None, "supported_gpu_target_temp", F(None, "gpu_target_temp_min", None),
           F(None, "gpu_target_temp_max", None)),
         G("GPU Power Readings", "gpu_power_readings", F(None, "power_state", pstate_text),
           F("Average Power Draw", "average_power_draw", _watts(power)),
-          F("Instantaneous Power Draw", "instant_power_draw", _watts(power)),
+          F("Instantaneous Power Draw", "instant_power_draw", _watts(r.field(FI_POWER_INSTANT))),
           F("Current Power Limit", "current_power_limit", _watts(limit)),
           F("Requested Power Limit", "requested_power_limit",
             _watts(r.get("nvmlDeviceGetPowerManagementLimit"))),

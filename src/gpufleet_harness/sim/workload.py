@@ -1,10 +1,12 @@
 """Workloads on the simulated GPUs: what makes the simulator's counters move.
 
 A workload is a record in the sim root's ``workloads/state`` file: on which GPU, from when to when (sim
-clock, ms since boot), how busy (GPU, memory-copy, encoder and decoder utilization), and the process it
-stands for (pid, name, GPU memory). The C library reads the file (one ``stat()`` per call, re-read when it
-changes) and derives every moving reading from the records and the time, so no daemon runs and every
-process reading one sim root sees the same GPU (native/load.c; docs/simulator.md, "Workloads").
+clock, ms since boot), how busy (GPU, memory-copy, encoder and decoder utilization), the process it stands
+for (pid, name, GPU memory), and its kind: ``compute`` (matrix products, which meet the power cap) or
+``membound`` (a memset loop: memory 100 % busy, below the cap, clocks at their maximum). The C library
+reads the file (one ``stat()`` per call, re-read when it changes) and derives every moving reading from the
+records and the time, so no daemon runs and every process reading one sim root sees the same GPU
+(native/load.c; docs/simulator.md, "Workloads").
 
 Writers (``gpufleet sim inject ROOT load ...``, the GPU burner in pods) rewrite the file atomically under an
 ``flock`` on ``workloads/lock``. ``workloads/`` is a directory so that the lab's container runtime can give
@@ -38,7 +40,7 @@ STATE = "state"
 LOCK = "lock"
 HEADER = (
     "# Workloads on the simulated GPUs (gpufleet GPU simulator); rewritten atomically under flock(lock).\n"
-    "# load ID GPU START_MS END_MS UTIL MEM_UTIL ENC DEC PID MEMORY_MIB GI CI NAME  (END -1: running)\n"
+    "# load ID GPU START_MS END_MS UTIL MEM_UTIL ENC DEC PID MEMORY_MIB GI CI NAME KIND  (END -1: running)\n"
     "# settled GPU AT_MS EXTRA_UJ  (energy above idle of the folded records, up to AT_MS)\n"
 )
 NO_END = -1
@@ -47,7 +49,15 @@ LINGER_MS = 2500  # after its last workload a GPU keeps its clocks up this long 
 SETTLE_MS = 60_000  # a GPU idle this long has cooled down: its records may be folded
 FOLD_AFTER = 16  # records per GPU before a writer folds them
 STOP_GRACE_MS = 500  # a stop takes effect this far ahead of the real clock (see `stop`)
-CONTEXT_MIB = 8  # what the driver adds per CUDA context on top of the process's own memory (recorded)
+# What the driver adds per CUDA context on top of the process's own memory: 8.8125 MiB (recorded on two
+# H200s: v1 used 2271084544 B = reserved 615.0625 MiB + process 1542 MiB + 8.8125 MiB; dmon's fb 1139 MiB with
+# a process of 1130 MiB).
+CONTEXT_KIB = 9024
+COMPUTE, MEMBOUND = "compute", "membound"
+KINDS = (COMPUTE, MEMBOUND)
+# How far from idle to the cap a 100 % memory-bound load draws (recorded: 522.9 W on the H200, whose idle is
+# 79.6 W and cap plateau 691.6 W), in 1/10000.
+MEMBOUND_SHARE = 7244
 MAX_RECORDS = 4096  # a state file beyond this is not one the writers made
 _NAME = re.compile(r"[^A-Za-z0-9._:+/@=-]")
 MAX_NAME = 63  # the library keeps 64 bytes of a name
@@ -74,13 +84,15 @@ class Load:
     gi: int = NO_INSTANCE  # a MIG device's GPU- and compute-instance ids, else NO_INSTANCE
     ci: int = NO_INSTANCE
     name: str = "burn"
+    kind: str = COMPUTE
 
     def active(self, t: int) -> bool:
         return self.start_ms <= t and (self.end_ms == NO_END or t < self.end_ms)
 
     def line(self) -> str:
         return (f"load {self.id} {self.gpu} {self.start_ms} {self.end_ms} {self.util} {self.mem_util} "
-                f"{self.enc} {self.dec} {self.pid} {self.memory_mib} {self.gi} {self.ci} {self.name}")
+                f"{self.enc} {self.dec} {self.pid} {self.memory_mib} {self.gi} {self.ci} {self.name} "
+                f"{self.kind}")
 
 
 @dataclass(frozen=True)
@@ -121,10 +133,12 @@ def parse(text: str) -> State:
             elif len(words) == 4 and words[0] == "settled":
                 s = Settled(int(words[1]), int(words[2]), int(words[3]))
                 state.settled[s.gpu] = s
-            elif len(words) == 14 and words[0] == "load":
+            elif len(words) in (14, 15) and words[0] == "load":
                 n = [int(w) for w in words[1:13]]
+                # no kind (an older writer's line) or one this version does not know: compute, as in C
+                kind = MEMBOUND if words[14:] == [MEMBOUND] else COMPUTE
                 state.loads.append(Load(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], n[10],
-                                        n[11], words[13]))
+                                        n[11], words[13], kind))
         except ValueError:
             continue
     state.next_id = max([state.next_id, *(ld.id + 1 for ld in state.loads)])
@@ -171,33 +185,49 @@ class Params:
     full_mw: int  # what a 100 % load would draw without the cap
     linger_mw: int  # after a workload, before the clocks drop (recorded: 125 W)
     linger_ms: int = LINGER_MS
+    membound_mw: int | None = None  # what a 100 % memory-bound load draws; None: derived (membound_of)
+
+
+def membound_of(idle_mw: int, cap_mw: int) -> int:
+    return idle_mw + (cap_mw - idle_mw) * MEMBOUND_SHARE // 10000
 
 
 def derive_params(idle_mw: int, limit_mw: int) -> dict[str, int]:
     """The `load` entry machine.py writes for a GPU of this idle power and power limit."""
     cap = max(idle_mw, limit_mw * 988 // 1000)
     return {"idle_mw": idle_mw, "cap_mw": cap, "full_mw": idle_mw + (cap - idle_mw) * 4 // 3,
-            "linger_mw": idle_mw + max(0, limit_mw - idle_mw) * 3 // 40, "linger_ms": LINGER_MS}
+            "linger_mw": idle_mw + max(0, limit_mw - idle_mw) * 3 // 40, "linger_ms": LINGER_MS,
+            "membound_mw": membound_of(idle_mw, cap)}
 
 
 def params_of(gpu: dict[str, Any]) -> Params:
     """A machine.json GPU's Params."""
     doc = gpu.get("load") or derive_params(int(gpu["power_usage_mw"]), int(gpu["power_limit_mw"]))
-    return Params(int(doc["idle_mw"]), int(doc["cap_mw"]), int(doc["full_mw"]), int(doc["linger_mw"]),
-                  int(doc.get("linger_ms", LINGER_MS)))
+    idle, cap = int(doc["idle_mw"]), int(doc["cap_mw"])
+    return Params(idle, cap, int(doc["full_mw"]), int(doc["linger_mw"]), int(doc.get("linger_ms", LINGER_MS)),
+                  int(doc.get("membound_mw", membound_of(idle, cap))))
+
+
+def demand(p: Params, compute: int, membound: int) -> int:
+    """What `compute` % of compute-bound and `membound` % of memory-bound work would draw without the cap
+    (mW): each kind its share of the way from idle to its full draw, scaled down together beyond 100 %."""
+    full_mb = membound_of(p.idle_mw, p.cap_mw) if p.membound_mw is None else p.membound_mw
+    scale = max(100, compute + membound)
+    return p.idle_mw + ((p.full_mw - p.idle_mw) * compute + (full_mb - p.idle_mw) * membound) // scale
 
 
 def power_at(p: Params, loads: Iterable[Load], t: int) -> int:
     """Instantaneous power (mW) at `t` of a GPU running `loads` (its records only)."""
-    util, active, last_end = 0, False, None
+    util = {COMPUTE: 0, MEMBOUND: 0}
+    active, last_end = False, None
     for ld in loads:
         if ld.active(t):
             active = True
-            util += ld.util
+            util[ld.kind] += ld.util
         elif ld.end_ms != NO_END and ld.end_ms <= t:
             last_end = ld.end_ms if last_end is None else max(last_end, ld.end_ms)
     if active:
-        return min(p.idle_mw + (p.full_mw - p.idle_mw) * min(util, 100) // 100, p.cap_mw)
+        return min(demand(p, util[COMPUTE], util[MEMBOUND]), p.cap_mw)
     if last_end is not None and t < last_end + p.linger_ms:
         return p.linger_mw
     return p.idle_mw
@@ -300,24 +330,30 @@ def free_mib(machine: dict[str, Any], state: State, gpu: int, t: int) -> int:
     """Memory (MiB) a new process could still allocate on `gpu` at `t`."""
     g = machine["gpus"][gpu]
     total = (int(g["memory"]["total"]) - int(g["memory"]["reserved"])) // (1 << 20)
-    used = sum(ld.memory_mib + CONTEXT_MIB for ld in state.loads if ld.gpu == gpu and ld.active(t))
-    return total - used
+    used_kib = sum(ld.memory_mib * 1024 + CONTEXT_KIB for ld in state.loads if ld.gpu == gpu and ld.active(t))
+    return total - -(-used_kib // 1024)
 
 
 def start(root: str | os.PathLike[str], gpu: int, *, util: int = 100, mem_util: int | None = None,
           enc: int = 0, dec: int = 0, pid: int | None = None, memory_mib: int = 0, name: str = "burn",
-          seconds: float | None = None, mig: tuple[int, int] | None = None) -> Load:
+          seconds: float | None = None, mig: tuple[int, int] | None = None, kind: str = COMPUTE) -> Load:
     """Register a workload on `gpu` starting now (sim clock); it runs `seconds` or until stopped.
 
-    `mem_util` defaults to a quarter of `util` (the recording's matrix products: 100 % GPU, 25 % memory);
-    `mig`: the (GPU instance, compute instance) of a MIG device it runs in. Refused when the GPU has not
-    `memory_mib` (plus a context's CONTEXT_MIB) free, as cudaMalloc would fail."""
+    `kind`: COMPUTE (matrix products) or MEMBOUND (a memset loop). `mem_util` defaults to a quarter of
+    `util` for compute work (the recording's matrix products: 100 % GPU, 25 % memory) and to `util` for
+    memory-bound work (the recorded memset loop: 100 % and 100 %); `mig`: the (GPU instance, compute
+    instance) of a MIG device it runs in. Refused when the GPU has not `memory_mib` (plus a context's
+    CONTEXT_KIB) free, as cudaMalloc would fail."""
     machine = _machine(root)
     if not 0 <= gpu < len(machine["gpus"]):
         last = len(machine["gpus"]) - 1
         raise WorkloadError(f"GPU {gpu} does not exist: {machine['name']} has GPUs 0-{last}")
+    if kind not in KINDS:
+        raise WorkloadError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     util = _percent(util, "util")
-    mem_util = _percent(util // 4 if mem_util is None else mem_util, "memory utilization")
+    if mem_util is None:
+        mem_util = util if kind == MEMBOUND else util // 4
+    mem_util = _percent(mem_util, "memory utilization")
     enc, dec = _percent(enc, "encoder utilization"), _percent(dec, "decoder utilization")
     if memory_mib < 0:
         raise WorkloadError(f"memory must not be negative, got {memory_mib} MiB")
@@ -328,12 +364,13 @@ def start(root: str | os.PathLike[str], gpu: int, *, util: int = 100, mem_util: 
         t = now_ms(root)
         fold(state, machine_params(machine), t)
         free = free_mib(machine, state, gpu, t)
-        if memory_mib + CONTEXT_MIB > free:
+        if memory_mib + -(-CONTEXT_KIB // 1024) > free:
             raise WorkloadError(f"GPU {gpu} has {free} MiB free, the workload asks for {memory_mib} MiB "
-                                f"(+{CONTEXT_MIB} MiB for its context): out of memory")
+                                f"(+{CONTEXT_KIB / 1024:g} MiB for its context): out of memory")
         gi, ci = mig if mig else (NO_INSTANCE, NO_INSTANCE)
         load = Load(state.next_id, gpu, t, NO_END if seconds is None else t + max(1, round(seconds * 1000)),
-                    util, mem_util, enc, dec, os.getpid() if pid is None else pid, memory_mib, gi, ci, clean)
+                    util, mem_util, enc, dec, os.getpid() if pid is None else pid, memory_mib, gi, ci, clean,
+                    kind)
         state.next_id += 1
         state.loads.append(load)
     return load

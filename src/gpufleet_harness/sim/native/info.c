@@ -104,9 +104,16 @@ nvmlReturn_t DECLDIR nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Me
 {
     ENTER(device);
     NEED(bar1Memory);
-    bar1Memory->bar1Total = device->bar1_total;
-    bar1Memory->bar1Used = device->bar1_used;
-    bar1Memory->bar1Free = device->bar1_total - device->bar1_used;
+    {
+        /* the driver's own mappings, plus what the GPU's processes map (load.c): BAR1 grows with them, as
+         * recorded (1.625 MiB idle, 1552.5 MiB with a process of 1542 MiB) */
+        const struct nvmlDevice_st *g = device->is_mig ? device->parent : device;
+        unsigned long long used = g->bar1_used + sim_load_bar1(g);
+        if (used > g->bar1_total) used = g->bar1_total;
+        bar1Memory->bar1Total = g->bar1_total;
+        bar1Memory->bar1Used = used;
+        bar1Memory->bar1Free = g->bar1_total - used;
+    }
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -244,32 +251,34 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, un
     return sim_leave(NVML_SUCCESS);
 }
 
-/* Video engines: what the running workloads drive (none by default); the sampling period is the driver's
- * 100 ms. nvml.h: not supported with MIG on. */
+enum { ENGINE_ENCODER, ENGINE_DECODER, ENGINE_JPG, ENGINE_OFA };
+
+/* Video engines: what the running workloads drive (none by default; no workload drives the JPEG or optical
+ * flow engines); the sampling period is the driver's 100 ms (the H200 recorded [0, 100000] for all four).
+ * nvml.h: not supported with MIG on; JPG and OFA: Turing or newer. */
 static nvmlReturn_t engine_utilization(nvmlDevice_t device, unsigned int *utilization, unsigned int *periodUs,
-                                       int decoder)
+                                       int engine)
 {
     sim_reading now;
     ENTER(device);
     NEED(utilization && periodUs);
     SUPPORTED(!mig_enabled(device));
+    SUPPORTED(engine < ENGINE_JPG || device->arch >= NVML_DEVICE_ARCH_TURING);
     sim_read(device, &now);
-    *utilization = decoder ? now.dec : now.enc;
+    *utilization = engine == ENGINE_DECODER ? now.dec : engine == ENGINE_ENCODER ? now.enc : 0;
     *periodUs = 100000;
     return sim_leave(NVML_SUCCESS);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
-                                                    unsigned int *samplingPeriodUs)
-{
-    return engine_utilization(device, utilization, samplingPeriodUs, 0);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
-                                                    unsigned int *samplingPeriodUs)
-{
-    return engine_utilization(device, utilization, samplingPeriodUs, 1);
-}
+#define ENGINE_GETTER(fn, engine)                                                                       \
+    nvmlReturn_t DECLDIR fn(nvmlDevice_t device, unsigned int *utilization, unsigned int *samplingPeriodUs) \
+    {                                                                                                   \
+        return engine_utilization(device, utilization, samplingPeriodUs, engine);                       \
+    }
+ENGINE_GETTER(nvmlDeviceGetEncoderUtilization, ENGINE_ENCODER)
+ENGINE_GETTER(nvmlDeviceGetDecoderUtilization, ENGINE_DECODER)
+ENGINE_GETTER(nvmlDeviceGetJpgUtilization, ENGINE_JPG)
+ENGINE_GETTER(nvmlDeviceGetOfaUtilization, ENGINE_OFA)
 
 /* ------------------------------------------------------------------------------------ supported clocks */
 

@@ -14,7 +14,10 @@
  * - A GPU held by the cap runs its SM clock at max x (cap - idle) / (demand - idle), on a supported clock
  *   step, with clock-event reason SW power cap; an idle GPU runs its idle clocks with reason GPU idle.
  * - The temperature follows the power through two lags (fast: 17 C in 0.2 s, slow: 3.5 C in 3 s at the
- *   cap, fitted to the recording's 32 -> 46/50/52/53 C rise and 43/38/36/35/34/33 C fall).
+ *   cap, fitted to the recording's 32 -> 46/50/52/53 C rise and 43/38/36/35/34/33 C fall). The memory
+ *   temperature (HBM boards) follows the power and the memory's own activity through two slower lags.
+ * - A workload is compute-bound (matrix products: the cap holds its clocks) or memory-bound (a memset loop:
+ *   522.9 W on the H200, below the cap, clocks at their maximum, memory 100 % busy); their demands add up.
  *
  * Each GPU's records become a timeline of stretches with constant state, precomputed when the file changes
  * (energy and the temperature lags at each stretch's start), so a reading is a binary search. */
@@ -32,9 +35,23 @@
 #define TEMP_SLOW_C 3.5
 #define TEMP_SLOW_MS 3000.0
 #define POWER_WINDOW_MS 1000   /* NVML's power reading: the average over the last second */
-#define CONTEXT_MIB 8ULL       /* the driver's share of each process's context (recorded: 1138 - 1130 MiB) */
-#define PCIE_TX_PER_UTIL 70    /* KB/s per % busy (recorded under load: ~7.5 MB/s TX, ~15 MB/s RX) */
+/* Memory temperature: a fast lag of power and memory activity, a slow one of power (fitted to the H200s:
+ * 34 -> 40/43 ... 46 C over 18 s of matrix products at 25 % memory, 36 -> 48 C after 12 s, 50-51 C a few
+ * seconds into a memset loop at 100 % memory; 41/39/38/37 C after). */
+#define MTEMP_FAST_POWER_C 6.1
+#define MTEMP_FAST_MEMORY_C 8.5
+#define MTEMP_FAST_MS 1000.0
+#define MTEMP_SLOW_C 4.0
+#define MTEMP_SLOW_MS 6000.0
+#define CONTEXT_KIB 9024ULL    /* the driver's share of each process's context: 8.8125 MiB (recorded: v1 used
+                                * 2271084544 B = reserved 615.0625 + process 1542 + 8.8125 MiB) */
+#define BAR1_PROCESS_KIB 64ULL /* BAR1 maps a process's memory, its context and 64 KiB more (recorded: 1.625 ->
+                                * 1552.5 MiB with one process of 1542 MiB) */
+/* KB/s per % busy (recorded: matrix products ~7.5 MB/s TX, ~15 MB/s RX; a memset loop 15-17 / 38-39 MB/s) */
+#define PCIE_TX_PER_UTIL 70
 #define PCIE_RX_PER_UTIL 145
+#define PCIE_TX_PER_UTIL_MEMBOUND 150
+#define PCIE_RX_PER_UTIL_MEMBOUND 384
 #define MAX_STATE_BYTES (8 << 20)
 #define REASON_GPU_IDLE 0x1ULL
 #define REASON_SW_POWER_CAP 0x4ULL
@@ -49,10 +66,20 @@ long long sim_now_ms(void)
 
 /* ------------------------------------------------------------------------------------ the model */
 
+/* What `uc` % of compute-bound and `um` % of memory-bound work would draw without the cap: each kind its
+ * share of the way from idle to its full draw, scaled down together when they ask for more than 100 %
+ * (workload.py's demand, the same integers). */
+static unsigned long long demand_mw(const struct nvmlDevice_st *g, unsigned uc, unsigned um)
+{
+    unsigned long long scale = uc + um > 100 ? uc + um : 100;
+    return g->load_idle_mw + ((unsigned long long)(g->load_full_mw - g->load_idle_mw) * uc +
+                              (unsigned long long)(g->load_membound_mw - g->load_idle_mw) * um) / scale;
+}
+
 /* The instantaneous state of `gpu` at `t` from its records (workload.py's power_at, the same integers). */
 static void state_at(const struct nvmlDevice_st *g, long long t, sim_seg *s)
 {
-    unsigned i, util = 0, mem = 0, enc = 0, dec = 0;
+    unsigned i, util = 0, mem = 0, enc = 0, dec = 0, uc = 0, um = 0;
     int active = 0, ended = 0;
     long long last_end = 0;
     for (i = 0; i < g_sim.nloads; i++) {
@@ -61,6 +88,8 @@ static void state_at(const struct nvmlDevice_st *g, long long t, sim_seg *s)
         if (l->start <= t && (l->end < 0 || t < l->end)) {
             active = 1;
             util += l->util;
+            if (l->kind == SIM_KIND_MEMBOUND) um += l->util;
+            else uc += l->util;
             mem += l->mem_util;
             enc += l->enc;
             dec += l->dec;
@@ -78,7 +107,9 @@ static void state_at(const struct nvmlDevice_st *g, long long t, sim_seg *s)
         s->mem_util = mem > 100 ? 100 : mem;
         s->enc = enc > 100 ? 100 : enc;
         s->dec = dec > 100 ? 100 : dec;
-        demand = g->load_idle_mw + (unsigned long long)(g->load_full_mw - g->load_idle_mw) * s->util / 100;
+        s->util_compute = uc;
+        s->util_membound = um;
+        demand = demand_mw(g, uc, um);
         s->power_mw = (unsigned)(demand < g->load_cap_mw ? demand : g->load_cap_mw);
     } else if (ended && t < last_end + g->load_linger_ms) {
         s->state = SIM_GPU_LINGER;
@@ -105,6 +136,12 @@ static double heat(const struct nvmlDevice_st *g, unsigned power_mw)
 {
     if (g->load_cap_mw <= g->load_idle_mw) return 0.0;
     return ((double)power_mw - g->load_idle_mw) / (double)(g->load_cap_mw - g->load_idle_mw);
+}
+
+/* Where the memory temperature's fast lag heads during a stretch (degrees above idle). */
+static double mtemp_fast_target(const struct nvmlDevice_st *g, const sim_seg *s)
+{
+    return MTEMP_FAST_POWER_C * heat(g, s->power_mw) + MTEMP_FAST_MEMORY_C * s->mem_util / 100.0;
 }
 
 static void build_timeline(unsigned gpu)
@@ -145,13 +182,16 @@ static void build_timeline(unsigned gpu)
         state_at(g, points[k], s);
         if (nseg == 0) {
             s->extra_uj = 0;
-            s->temp_fast = s->temp_slow = 0.0; /* the origin is a settled (cool) GPU or boot */
+            /* the origin is a settled (cool) GPU or boot */
+            s->temp_fast = s->temp_slow = s->mtemp_fast = s->mtemp_slow = 0.0;
         } else {
             const sim_seg *p = &tl->segs[nseg - 1];
             double dt = (double)(s->at - p->at), x = heat(g, p->power_mw);
             s->extra_uj = p->extra_uj + ((long long)p->power_mw - (long long)g->load_idle_mw) * (s->at - p->at);
             s->temp_fast = lag(p->temp_fast, TEMP_FAST_C * x, dt, TEMP_FAST_MS);
             s->temp_slow = lag(p->temp_slow, TEMP_SLOW_C * x, dt, TEMP_SLOW_MS);
+            s->mtemp_fast = lag(p->mtemp_fast, mtemp_fast_target(g, p), dt, MTEMP_FAST_MS);
+            s->mtemp_slow = lag(p->mtemp_slow, MTEMP_SLOW_C * x, dt, MTEMP_SLOW_MS);
         }
         nseg++;
     }
@@ -196,10 +236,10 @@ static void parse_state(char *text)
     }
     for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         sim_load l;
-        int gi, ci;
+        int gi, ci, n;
         unsigned gpu;
         long long at, uj;
-        char tail;
+        char tail, kind[16];
         memset(&l, 0, sizeof l);
         if (sscanf(line, "settled %u %lld %lld %c", &gpu, &at, &uj, &tail) == 3) {
             if (gpu < g_sim.ngpus && at >= 0) {
@@ -208,9 +248,11 @@ static void parse_state(char *text)
             }
             continue;
         }
-        if (sscanf(line, "load %llu %u %lld %lld %u %u %u %u %u %llu %d %d %63s", &l.id, &l.gpu, &l.start,
-                   &l.end, &l.util, &l.mem_util, &l.enc, &l.dec, &l.pid, &l.memory_mib, &gi, &ci, l.name) != 13)
-            continue; /* comments, `next`, lines a newer writer added */
+        n = sscanf(line, "load %llu %u %lld %lld %u %u %u %u %u %llu %d %d %63s %15s", &l.id, &l.gpu, &l.start,
+                   &l.end, &l.util, &l.mem_util, &l.enc, &l.dec, &l.pid, &l.memory_mib, &gi, &ci, l.name, kind);
+        if (n != 13 && n != 14) continue; /* comments, `next`, lines a newer writer added */
+        /* the kind: absent (a line of an older writer) or unknown (a newer one's) is compute */
+        l.kind = n == 14 && strcmp(kind, "membound") == 0 ? SIM_KIND_MEMBOUND : SIM_KIND_COMPUTE;
         if (l.gpu >= g_sim.ngpus || l.start < 0 || (l.end >= 0 && l.end < l.start)) continue;
         if (l.util > 100) l.util = 100;
         if (l.mem_util > 100) l.mem_util = 100;
@@ -315,19 +357,22 @@ void sim_read(const struct nvmlDevice_st *device, sim_reading *r)
         r->energy_mj = mj;
     }
     if (r->power_mw > g->power_limit_mw) r->power_mw = g->power_limit_mw;
-    /* temperature: the lags from the stretch's start */
+    r->instant_mw = s->power_mw;
+    /* temperatures: the lags from the stretch's start */
     x = heat(g, s->power_mw);
     temp = g->temperature + lag(s->temp_fast, TEMP_FAST_C * x, (double)(t - s->at), TEMP_FAST_MS) +
            lag(s->temp_slow, TEMP_SLOW_C * x, (double)(t - s->at), TEMP_SLOW_MS);
     r->temp_c = temp > 0 ? (unsigned)lround(temp) : 0;
+    temp = g->mem_temperature + lag(s->mtemp_fast, mtemp_fast_target(g, s), (double)(t - s->at), MTEMP_FAST_MS) +
+           lag(s->mtemp_slow, MTEMP_SLOW_C * x, (double)(t - s->at), MTEMP_SLOW_MS);
+    r->mem_temp_c = temp > 0 ? (unsigned)lround(temp) : 0;
     /* clocks and their reasons */
     if (s->state == SIM_GPU_IDLE) {
         r->sm_mhz = g->clocks[NVML_CLOCK_SM];
         r->video_mhz = g->clocks[NVML_CLOCK_VIDEO];
         r->reasons = g->clock_event_reasons;
     } else {
-        unsigned long long demand = g->load_idle_mw +
-                                    (unsigned long long)(g->load_full_mw - g->load_idle_mw) * s->util / 100;
+        unsigned long long demand = demand_mw(g, s->util_compute, s->util_membound);
         r->sm_mhz = max_sm;
         r->reasons = 0;
         if (s->state == SIM_GPU_BUSY && demand > g->load_cap_mw) {
@@ -338,8 +383,12 @@ void sim_read(const struct nvmlDevice_st *device, sim_reading *r)
         r->video_mhz = max_sm ? (unsigned)((unsigned long long)g->max_clocks[NVML_CLOCK_VIDEO] * r->sm_mhz / max_sm)
                               : g->clocks[NVML_CLOCK_VIDEO];
     }
-    r->pcie_tx = g->pcie_tx + PCIE_TX_PER_UTIL * r->util;
-    r->pcie_rx = g->pcie_rx + PCIE_RX_PER_UTIL * r->util;
+    {
+        /* each kind's traffic, scaled down with the rest when the workloads ask for more than 100 % */
+        unsigned uc = s->util_compute, um = s->util_membound, scale = uc + um > 100 ? uc + um : 100;
+        r->pcie_tx = g->pcie_tx + (PCIE_TX_PER_UTIL * uc + PCIE_TX_PER_UTIL_MEMBOUND * um) * 100 / scale;
+        r->pcie_rx = g->pcie_rx + (PCIE_RX_PER_UTIL * uc + PCIE_RX_PER_UTIL_MEMBOUND * um) * 100 / scale;
+    }
 }
 
 static int runs_in(const sim_load *l, const struct nvmlDevice_st *device)
@@ -364,7 +413,8 @@ unsigned sim_running(const struct nvmlDevice_st *device, const sim_load **out, u
     return n;
 }
 
-unsigned long long sim_load_memory(const struct nvmlDevice_st *device)
+/* The memory the running workloads of a GPU or MIG device use, each with `extra_kib` on top. */
+static unsigned long long running_memory(const struct nvmlDevice_st *device, unsigned long long extra_kib)
 {
     unsigned i;
     unsigned long long used = 0;
@@ -374,9 +424,19 @@ unsigned long long sim_load_memory(const struct nvmlDevice_st *device)
     for (i = 0; i < g_sim.nloads; i++) {
         const sim_load *l = &g_sim.loads[i];
         if (runs_in(l, device) && l->start <= t && (l->end < 0 || t < l->end))
-            used += (l->memory_mib + CONTEXT_MIB) << 20;
+            used += (l->memory_mib << 20) + (extra_kib << 10);
     }
     return used;
+}
+
+unsigned long long sim_load_memory(const struct nvmlDevice_st *device)
+{
+    return running_memory(device, CONTEXT_KIB);
+}
+
+unsigned long long sim_load_bar1(const struct nvmlDevice_st *device)
+{
+    return running_memory(device, CONTEXT_KIB + BAR1_PROCESS_KIB);
 }
 
 /* ------------------------------------------------------------------------------------ process names */

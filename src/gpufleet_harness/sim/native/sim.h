@@ -166,6 +166,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, si
 nvmlReturn_t DECLDIR nvmlDeviceGetModuleId(nvmlDevice_t device, unsigned int *moduleId);
 nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons);
 nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons);
+nvmlReturn_t DECLDIR nvmlDeviceGetJpgUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                 unsigned int *samplingPeriodUs);
+nvmlReturn_t DECLDIR nvmlDeviceGetOfaUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                 unsigned int *samplingPeriodUs);
 
 /* ---- simulated machine ---- */
 
@@ -245,6 +249,8 @@ struct nvmlDevice_st {
     char vbios[NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE];
     char inforom_image[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE];
     unsigned int power_limit_mw, power_min_mw, power_usage_mw, temperature, pstate;
+    int has_mem_temp;              /* the memory's temperature sensor (HBM boards); else NOT_SUPPORTED */
+    unsigned int mem_temperature;  /* idle memory temperature, C */
     unsigned int clocks[NVML_CLOCK_COUNT], max_clocks[NVML_CLOCK_COUNT];
     unsigned long long supported_events;
     /* identity and board (machine.json; a getter whose `has_` flag is 0 answers NOT_SUPPORTED) */
@@ -265,6 +271,7 @@ struct nvmlDevice_st {
     unsigned int mem_clocks[8], gfx_clocks[256];
     /* the power model of workloads (machine.json `load`, see load.c) */
     unsigned int load_idle_mw, load_cap_mw, load_full_mw, load_linger_mw;
+    unsigned int load_membound_mw; /* what a 100 % memory-bound load draws (below the cap on the H200) */
     long long load_linger_ms;
 };
 
@@ -272,6 +279,9 @@ struct nvmlDevice_st {
 
 #define SIM_NO_INSTANCE 0xFFFFFFFFu
 #define SIM_LOAD_NAME 64
+
+/* What a workload's kernels do (the last word of a state line; absent: compute). */
+enum { SIM_KIND_COMPUTE, SIM_KIND_MEMBOUND };
 
 typedef struct {
     unsigned long long id;
@@ -281,6 +291,7 @@ typedef struct {
     unsigned long long memory_mib;
     unsigned gi, ci;               /* a MIG device's instance ids, else SIM_NO_INSTANCE */
     char name[SIM_LOAD_NAME];
+    int kind;                      /* SIM_KIND_* */
 } sim_load;
 
 enum { SIM_GPU_IDLE, SIM_GPU_BUSY, SIM_GPU_LINGER };
@@ -291,8 +302,10 @@ typedef struct {
     int state;                     /* SIM_GPU_* */
     unsigned power_mw;             /* instantaneous power */
     unsigned util, mem_util, enc, dec;
+    unsigned util_compute, util_membound; /* the running workloads' util by kind (before the 100 % cap) */
     long long extra_uj;            /* energy above idle from the timeline's origin to `at` */
     double temp_fast, temp_slow;   /* the temperature's two lags at `at`, in degrees above idle */
+    double mtemp_fast, mtemp_slow; /* the memory temperature's, likewise */
 } sim_seg;
 
 typedef struct {
@@ -307,6 +320,8 @@ typedef struct {
 typedef struct {
     int state;
     unsigned power_mw, util, mem_util, enc, dec, temp_c, sm_mhz, video_mhz, pcie_tx, pcie_rx;
+    unsigned instant_mw;           /* the instantaneous power (power_mw is its average over a second) */
+    unsigned mem_temp_c;           /* the memory temperature (GPUs with the sensor) */
     unsigned long long energy_mj, reasons;
 } sim_reading;
 
@@ -397,6 +412,9 @@ void sim_read(const struct nvmlDevice_st *device, sim_reading *out);
 unsigned sim_running(const struct nvmlDevice_st *device, const sim_load **out, unsigned cap);
 /* Bytes of GPU memory the running workloads of a GPU or MIG device use (with their contexts). Lock held. */
 unsigned long long sim_load_memory(const struct nvmlDevice_st *device);
+/* Bytes of BAR1 the running workloads of a GPU map (their memory, contexts, and a page table each). Lock
+ * held. */
+unsigned long long sim_load_bar1(const struct nvmlDevice_st *device);
 
 /* Sum of `ecc-dbe GPU COUNT` lines for a GPU in the events file. */
 unsigned long long sim_events_dbe_total(unsigned int gpu);
