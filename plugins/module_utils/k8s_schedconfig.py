@@ -177,7 +177,7 @@ def _argv(container: Mapping[str, Any]) -> tuple[str, list[str]]:
 def _flags(argv: list[str]) -> list[tuple[int, int, str, str | None]]:
     """Each flag of ``argv`` as (first index, token count, name, value): ``--name=value``, ``--name value``
     for the string flags kube-scheduler's --config supersedes, or a bare ``--name`` (value None)."""
-    found = []
+    found: list[tuple[int, int, str, str | None]] = []
     i = 0
     while i < len(argv):
         arg = argv[i]

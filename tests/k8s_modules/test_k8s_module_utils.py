@@ -93,7 +93,7 @@ def test_manifest_surgery_replaces_its_own_separate_config_argument_and_refuses_
     # a --config gpufleet did not write is another tool's configuration: never replaced
     with pytest.raises(
         k8s_schedconfig.SchedulerError,
-        match="already runs with --config=/theirs.yaml, which gpufleet did not write",
+        match=r"already runs with --config=/theirs\.yaml, which gpufleet did not write",
     ):
         k8s_schedconfig.with_config(doc(["kube-scheduler", "--config=/theirs.yaml"], []), "/new.yaml", "h")
 
