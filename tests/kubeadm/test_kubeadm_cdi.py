@@ -18,7 +18,6 @@ Opt-in with the other kubeadm tests (tests/kubeadm/conftest.py); the tests build
 from __future__ import annotations
 
 import json
-import secrets
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -28,15 +27,15 @@ from typing import Any
 import pytest
 import yaml
 from kadm_ansible import inventory, run_plays
+from kadm_kube import core_api, kubeadm_cluster, new_namespace, running
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from gpufleet_harness.cluster import images
 from gpufleet_harness.cluster.cri import stream_import
-from gpufleet_harness.cluster.k8s_build import BuildError, K8sArtifacts, ensure_k8s
+from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
 from gpufleet_harness.cluster.process import LabError, wait_for
-from gpufleet_harness.lab.hostsetup import DEVICES_UNIT, HostError, copy_in, stage_sim, write_in
+from gpufleet_harness.lab.hostsetup import DEVICES_UNIT, copy_in, stage_sim, write_in
 from gpufleet_harness.lab.kubeadm import KubeadmCluster, KubeadmHost
 from gpufleet_harness.lab.spec import SIM_DIR
 from gpufleet_harness.sim import build as simbuild
@@ -51,21 +50,8 @@ PLUGIN = "gpufleet-device-plugin-cdi"
 
 
 @pytest.fixture(scope="module")
-def artifacts() -> K8sArtifacts:
-    try:
-        return ensure_k8s(VERSION)
-    except BuildError as err:
-        pytest.fail(f"Kubernetes {VERSION} is not built and cannot be: {err}")
-
-
-@pytest.fixture(scope="module")
 def cluster(artifacts: K8sArtifacts) -> Iterator[KubeadmCluster]:
-    with KubeadmCluster(artifacts) as made:
-        try:
-            made.init("2.1")
-            made.join("w1", "1.7")
-        except (HostError, LabError) as err:
-            pytest.fail(f"kubeadm cluster: {err}")
+    with kubeadm_cluster(artifacts, ("w1", "1.7")) as made:
         yield made
 
 
@@ -76,9 +62,8 @@ def worker(cluster: KubeadmCluster) -> KubeadmHost:
 
 @pytest.fixture(scope="module")
 def core(cluster: KubeadmCluster) -> Iterator[k8s.CoreV1Api]:
-    api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    yield k8s.CoreV1Api(api)
-    api.close()
+    with core_api(cluster) as api:
+        yield api
 
 
 @pytest.fixture(scope="module")
@@ -208,15 +193,7 @@ def _load_plugin_image(worker: KubeadmHost) -> str:
 def test_a_pod_gets_its_gpu_through_the_cdi_names_the_plugin_returns(
     worker: KubeadmHost, core: k8s.CoreV1Api, simulated_gpus: dict[str, Any]
 ) -> None:
-    namespace = f"kadm-cdi-{secrets.token_hex(3)}"
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
-    wait_for(
-        f"ServiceAccount default in {namespace}",
-        lambda: any(
-            s.metadata.name == "default" for s in core.list_namespaced_service_account(namespace).items
-        ),
-        60,
-    )
+    namespace = new_namespace(core, "kadm-cdi")
     image = _load_plugin_image(worker)
     env = {
         "GPUFLEET_SIM_ROOT": SIM_DIR,
@@ -298,15 +275,7 @@ def test_a_pod_gets_its_gpu_through_the_cdi_names_the_plugin_returns(
     }
     core.create_namespaced_pod(namespace, pod)
 
-    def running() -> Any:
-        got = core.read_namespaced_pod("gpu-1", namespace)
-        return got if got.status.phase == "Running" else None
-
-    try:
-        got = wait_for("the GPU pod Running", running, 180, interval=1)
-    except LabError as err:
-        events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=gpu-1").items
-        raise AssertionError(f"{err}: {[(e.reason, e.message) for e in events]}") from None
+    got = running(core, namespace, "gpu-1")
     uid = got.metadata.uid
     log = f"/var/log/pods/{namespace}_gpu-1_{uid}/c/0.log"
     said = wait_for(

@@ -33,14 +33,15 @@ from typing import Any
 import pytest
 import yaml
 from kadm_ansible import Run, inventory, run_plays
+from kadm_kube import kubeadm_cluster, new_namespace, running
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from gpufleet_harness.cluster import pki
-from gpufleet_harness.cluster.k8s_build import BuildError, K8sArtifacts, ensure_k8s
+from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
-from gpufleet_harness.lab.hostsetup import HostError, write_in
+from gpufleet_harness.cluster.process import Daemon, free_ports, wait_for
+from gpufleet_harness.lab.hostsetup import write_in
 from gpufleet_harness.lab.kubeadm import KubeadmCluster, KubeadmHost
 from gpufleet_harness.lab.spec import GATEWAY
 
@@ -79,20 +80,8 @@ class State:
 
 
 @pytest.fixture(scope="module")
-def artifacts() -> K8sArtifacts:
-    try:
-        return ensure_k8s(VERSION)
-    except BuildError as err:
-        pytest.fail(f"Kubernetes {VERSION} is not built and cannot be: {err}")
-
-
-@pytest.fixture(scope="module")
 def cluster(artifacts: K8sArtifacts) -> Iterator[KubeadmCluster]:
-    with KubeadmCluster(artifacts) as made:
-        try:
-            made.init("2.1")
-        except (HostError, LabError) as err:
-            pytest.fail(f"kubeadm init: {err}")
+    with kubeadm_cluster(artifacts) as made:
         yield made
 
 
@@ -330,26 +319,14 @@ def _scheduling_again(core: k8s.CoreV1Api, cp: KubeadmHost, namespace: str, name
         ),
     )
     core.create_namespaced_pod(namespace, pod)
-
-    def running() -> Any:
-        got = core.read_namespaced_pod(name, namespace)
-        return got if got.status.phase == "Running" else None
-
-    got = wait_for(f"pod {name} Running", running, 180, interval=1)
+    got = running(core, namespace, name)
     assert got.spec.node_name == cp.hostname
     return got
 
 
 @pytest.fixture(scope="module")
 def namespace(core: k8s.CoreV1Api) -> str:
-    name = f"kadm-sched-{secrets.token_hex(3)}"
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
-    wait_for(
-        f"ServiceAccount default in {name}",
-        lambda: any(s.metadata.name == "default" for s in core.list_namespaced_service_account(name).items),
-        60,
-    )
-    return name
+    return new_namespace(core, "kadm-sched")
 
 
 def test_check_mode_on_a_fresh_control_plane_writes_nothing(
@@ -514,13 +491,19 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(cp: KubeadmHost, play
     assert _scheduler_pid(cp) == state.pid
 
 
+def _files_and_a_change(cp: KubeadmHost, **extender: Any) -> tuple[str, str, str]:
+    """The manifest and configuration as they are, and the configuration with ``extender`` in its entry."""
+    manifest, config = cp.sh(f"cat {MANIFEST}"), cp.sh(f"cat {CONFIG_FILE}")
+    changed = yaml.safe_load(config)
+    changed["extenders"][0].update(extender)
+    return manifest, config, yaml.safe_dump(changed, sort_keys=False)
+
+
 def test_check_mode_previews_a_change_checks_it_and_writes_nothing(
     cp: KubeadmHost, play: Any, state: State
 ) -> None:
-    manifest, config = cp.sh(f"cat {MANIFEST}"), cp.sh(f"cat {CONFIG_FILE}")
-    changed = yaml.safe_load(config)
-    changed["extenders"][0]["weight"] = 7
-    run = play(args=("--check", "--diff"), content=yaml.safe_dump(changed, sort_keys=False))
+    manifest, config, changed = _files_and_a_change(cp, weight=7)
+    run = play(args=("--check", "--diff"), content=changed)
     assert run.rc == 0, run.output
     result = run.result(CONFIGURE, cp.hostname)
     assert (
@@ -544,10 +527,8 @@ def test_check_mode_previews_a_change_checks_it_and_writes_nothing(
 def test_a_configuration_the_scheduler_refuses_is_refused_before_anything_is_written(
     cp: KubeadmHost, play: Any, state: State
 ) -> None:
-    manifest, config = cp.sh(f"cat {MANIFEST}"), cp.sh(f"cat {CONFIG_FILE}")
-    bad = yaml.safe_load(config)
-    bad["extenders"][0]["bogusField"] = 1
-    run = play(content=yaml.safe_dump(bad, sort_keys=False))
+    manifest, config, bad = _files_and_a_change(cp, bogusField=1)
+    run = play(content=bad)
     result = run.result(CONFIGURE, cp.hostname)
     assert result.get("failed"), result
     assert (
@@ -566,11 +547,9 @@ def test_a_scheduler_that_exits_on_its_configuration_is_rolled_back(
 ) -> None:
     """With the check off, the kubelet starts kube-scheduler on a configuration it refuses: the module reads
     the crash from the container's log, puts the old manifest and configuration back and waits for them."""
-    manifest, config = cp.sh(f"cat {MANIFEST}"), cp.sh(f"cat {CONFIG_FILE}")
-    bad = yaml.safe_load(config)
-    bad["extenders"][0]["weight"] = -3
+    manifest, config, bad = _files_and_a_change(cp, weight=-3)
     started = time.monotonic()
-    run = play(content=yaml.safe_dump(bad, sort_keys=False), validate=False)
+    run = play(content=bad, validate=False)
     elapsed = time.monotonic() - started
     result = run.result(CONFIGURE, cp.hostname)
     assert result.get("failed"), result
