@@ -191,12 +191,24 @@ def cri_runtime(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {"plugin": None, "default_runtime_name": "", "runtime": {}}
 
 
-def drop_in_text(version: int, section: dict[str, Any], runtime: dict[str, Any]) -> str:
+# The CRI runtime plugin's CDI keys (containerd 1.7's io.containerd.grpc.v1.cri, 2.x's
+# io.containerd.cri.v1.runtime; both from `containerd config default`): 1.7 ships enable_cdi = false,
+# 2.x true; 1.6 has neither (its dump lacks the key).
+CDI_KEYS = ("enable_cdi", "cdi_spec_dirs")
+
+
+def drop_in_text(
+    version: int, section: dict[str, Any], runtime: dict[str, Any], cdi: list[str] | None = None
+) -> str:
     """The drop-in: ``section`` (the CRI runtime plugin's table to carry, plain) with ``runtime`` merged in.
 
     ``runtime`` is {"name", "binary", "set_default", "systemd_cgroup"}. An old entry of that name is
-    replaced whole, and default_runtime_name points at it when ``set_default``."""
+    replaced whole, and default_runtime_name points at it when ``set_default``. ``cdi``, a list of spec
+    directories, turns containerd's CDI device injection on (``enable_cdi``, ``cdi_spec_dirs``)."""
     section = json.loads(json.dumps(section))
+    if cdi is not None:
+        section["enable_cdi"] = True
+        section["cdi_spec_dirs"] = list(cdi)
     containerd = section.setdefault("containerd", {})
     if runtime["set_default"]:
         containerd["default_runtime_name"] = runtime["name"]

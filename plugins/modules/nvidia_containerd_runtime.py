@@ -74,6 +74,23 @@ options:
     description: Keep a timestamped copy of every file changed.
     type: bool
     default: true
+  cdi:
+    description:
+      - containerd's CDI device injection (C(enable_cdi) and C(cdi_spec_dirs) of the CRI runtime plugin), which
+        a kubelet's CDI device names from a device plugin's Allocate need (Kubernetes 1.28 and later).
+      - V(enabled) writes C(enable_cdi = true) and O(cdi_spec_dirs) into the drop-in, and fails where containerd
+        has no CDI (1.6 and older, whose config dump has no C(enable_cdi)). containerd 1.7 ships it off, 2.x on.
+      - V(auto) does the same where containerd has CDI and leaves a containerd without it as it is (RV(cdi)
+        says so).
+      - V(unchanged) writes neither key.
+    type: str
+    choices: [auto, enabled, unchanged]
+    default: unchanged
+  cdi_spec_dirs:
+    description: Where containerd looks for CDI specifications (containerd's own default).
+    type: list
+    elements: path
+    default: [/etc/cdi, /var/run/cdi]
 """
 
 EXAMPLES = r"""
@@ -104,6 +121,11 @@ backups:
   description: Backup files made.
   type: list
   returned: always
+cdi:
+  description: CDI as the merged config dump has it; C(supported) false for a containerd without CDI.
+  type: dict
+  returned: when containerd serves CRI and state is present
+  sample: {"supported": true, "enabled": true, "spec_dirs": ["/etc/cdi", "/var/run/cdi"]}
 """
 
 # Ansible modules keep their documentation above the imports.
@@ -264,6 +286,8 @@ def main():
             containerd=dict(type="path", default="containerd"),
             backup=dict(type="bool", default=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
+            cdi=dict(type="str", choices=["auto", "enabled", "unchanged"], default="unchanged"),
+            cdi_spec_dirs=dict(type="list", elements="path", default=["/etc/cdi", "/var/run/cdi"]),
         ),
         supports_check_mode=True,
     )
@@ -309,8 +333,16 @@ def main():
         if own["systemd_cgroup"] is None:
             runc = section.get("containerd", {}).get("runtimes", {}).get("runc", {})
             own["systemd_cgroup"] = runc.get("options", {}).get("SystemdCgroup", False) is True
+        # CDI: the dump of a containerd that has it carries enable_cdi (1.7: false, 2.x: true)
+        cdi_supported = "enable_cdi" in section
+        if params["cdi"] == "enabled" and not cdi_supported:
+            fail(module, result, f"containerd {release} has no CDI support (its CRI plugin {dump_plugin} has no "
+                 "enable_cdi; CDI came with containerd 1.7): upgrade containerd, or set cdi to auto or unchanged "
+                 "(role: nvidia_container_toolkit_containerd_cdi)")
+        want_cdi = params["cdi"] == "enabled" or (params["cdi"] == "auto" and cdi_supported)
+        cdi_dirs = list(params["cdi_spec_dirs"]) if want_cdi else None
         # 1.x replaces the CRI section with the drop-in's, so the drop-in carries all of it; 2.x merges.
-        new_drop_in = drop_in_text(version, section if major < 2 else {}, own)
+        new_drop_in = drop_in_text(version, section if major < 2 else {}, own, cdi_dirs)
         if main_text is None:
             new_main = f"version = {version}\nimports = [\"{params['drop_in']}\"]\n"
         else:
@@ -328,6 +360,12 @@ def main():
             fail(module, result, f"the merged containerd config does not carry the drop-in: runtime "
                  f"{params['runtime_name']} of {found['plugin']} has BinaryName {binary_name!r}, "
                  f"not {params['binary']!r}")
+        merged_cri = plain(parse(merged, "containerd config dump")).get("plugins", {}).get(dump_plugin, {})
+        result["cdi"] = {"supported": cdi_supported, "enabled": merged_cri.get("enable_cdi") is True,
+                         "spec_dirs": merged_cri.get("cdi_spec_dirs", [])}
+        if want_cdi and (not result["cdi"]["enabled"] or result["cdi"]["spec_dirs"] != cdi_dirs):
+            fail(module, result, f"the merged containerd config does not turn CDI on: {dump_plugin} has "
+                 f"enable_cdi {merged_cri.get('enable_cdi')!r}, cdi_spec_dirs {result['cdi']['spec_dirs']!r}")
     except ConfigError as error:
         fail(module, result, f"{error}; left untouched")
     finally:
@@ -342,8 +380,10 @@ def main():
             result["changed"] = True
             if not module.check_mode:
                 write(module, path, new, result["backups"])
-    result["msg"] = "containerd {} (config version {}) offers runtime {}{}".format(
-        release, version, params["runtime_name"], " as its default" if params["set_default"] else "")
+    result["msg"] = "containerd {} (config version {}) offers runtime {}{}{}".format(
+        release, version, params["runtime_name"], " as its default" if params["set_default"] else "",
+        "; CDI on ({})".format(", ".join(cdi_dirs)) if want_cdi else
+        "; no CDI in this containerd" if params["cdi"] == "auto" else "")
     if module._diff:
         result["diff"] = diffs
     module.exit_json(**result)

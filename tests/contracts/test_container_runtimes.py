@@ -528,6 +528,45 @@ def test_not_the_default_runtime_when_asked(ctr: Containerd) -> None:
 
 
 @every_host
+def test_cdi_is_turned_on_where_containerd_has_it_and_nothing_else_moves(ctr: Containerd) -> None:
+    """containerd 1.7 ships enable_cdi = false (the kubelet's CDI device names then fail the container),
+    2.x true, 1.6 has no CDI: auto turns it on through the drop-in where it exists, enabled insists."""
+    ctr.config.write_text(ctr.stock_config)
+    before = ctr.parsed()
+    cdi_before = {k: v for k, v in before["plugins"][ctr.plugin].items() if k in containerd_config.CDI_KEYS}
+    result = ctr.run(cdi="auto")
+    assert not result.get("failed"), result
+    supported = "enable_cdi" in cdi_before
+    assert supported is (ctr.host.containerd.split(".")[:2] != ["1", "6"]), (ctr.host.containerd, cdi_before)
+    cri = ctr.cri()
+    if supported:
+        dirs = ["/etc/cdi", "/var/run/cdi"]
+        assert result["cdi"] == {"supported": True, "enabled": True, "spec_dirs": dirs}
+        assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == dirs
+        assert "CDI on (/etc/cdi, /var/run/cdi)" in result["msg"]
+    else:
+        assert result["cdi"] == {"supported": False, "enabled": False, "spec_dirs": []}
+        assert "no CDI in this containerd" in result["msg"] and "enable_cdi" not in ctr.drop_in.read_text()
+        refused = ctr.run(cdi="enabled")
+        assert refused["failed"] and f"containerd {ctr.host.containerd}" in refused["msg"]
+        assert "has no CDI support" in refused["msg"]
+        assert "nvidia_container_toolkit_containerd_cdi" in refused["msg"]
+    # the operator's other settings are all still there
+    after = ctr.parsed()
+    for dumped in (after, before):
+        for key in containerd_config.CDI_KEYS:
+            dumped["plugins"][ctr.plugin].pop(key, None)
+    assert ctr.without_nvidia(after) == ctr.without_nvidia(before)
+    assert ctr.run(cdi="auto")["changed"] is False
+    # other spec directories, and back to containerd's own setting without the module's keys
+    moved = ctr.run(cdi="auto", cdi_spec_dirs=["/etc/cdi", "/run/cdi-gpufleet"])
+    if supported:
+        assert moved["changed"] and ctr.cri()["cdi_spec_dirs"] == ["/etc/cdi", "/run/cdi-gpufleet"]
+        ctr.run(cdi="unchanged")
+        assert ctr.cri()["enable_cdi"] is cdi_before["enable_cdi"]
+
+
+@every_host
 def test_invalid_toml_is_refused_with_the_parsers_line_and_left_untouched(ctr: Containerd) -> None:
     broken = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"\n'
     ctr.config.write_text(broken)

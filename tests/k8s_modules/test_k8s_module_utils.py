@@ -75,17 +75,27 @@ def test_manifest_surgery_is_idempotent_and_reversible(tmp_path: Path) -> None:
     assert k8s_schedconfig.without_config(original, "/etc/kubernetes/gs.yaml") == original
 
 
-def test_manifest_surgery_replaces_a_separate_config_argument() -> None:
-    doc = {
-        "kind": "Pod",
-        "spec": {
-            "containers": [
-                {"name": "kube-scheduler", "command": ["kube-scheduler", "--config", "/old.yaml", "--v=2"]}
-            ]
-        },
-    }
-    out = k8s_schedconfig.with_config(doc, "/new.yaml", "h")
-    assert out["spec"]["containers"][0]["command"] == ["kube-scheduler", "--config=/new.yaml", "--v=2"]
+def test_manifest_surgery_replaces_its_own_separate_config_argument_and_refuses_another() -> None:
+    def doc(command: list[str], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "kind": "Pod",
+            "spec": {"containers": [{"name": "kube-scheduler", "command": command}], "volumes": volumes},
+        }
+
+    ours = [{"name": "gpufleet-scheduler-config", "hostPath": {"path": "/old.yaml", "type": "File"}}]
+    out = k8s_schedconfig.with_config(
+        doc(["kube-scheduler", "--config", "/old.yaml", "--v=2"], ours), "/new.yaml", "h"
+    )
+    assert out["spec"]["containers"][0]["command"] == ["kube-scheduler", "--v=2", "--config=/new.yaml"]
+    assert out["spec"]["volumes"] == [
+        {"hostPath": {"path": "/new.yaml", "type": "File"}, "name": "gpufleet-scheduler-config"}
+    ]
+    # a --config gpufleet did not write is another tool's configuration: never replaced
+    with pytest.raises(
+        k8s_schedconfig.SchedulerError,
+        match=r"already runs with --config=/theirs\.yaml, which gpufleet did not write",
+    ):
+        k8s_schedconfig.with_config(doc(["kube-scheduler", "--config=/theirs.yaml"], []), "/new.yaml", "h")
 
 
 def test_scheduler_processes_are_found_with_start_times() -> None:

@@ -12,6 +12,10 @@ import os
 
 import pytest
 
+from gpufleet_harness.cluster.k8s_build import BuildError, K8sArtifacts, ensure_k8s
+
+VERSION = "1.37.2"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("GPUFLEET_KUBEADM") == "1" or "kubeadm" in (config.option.markexpr or ""):
@@ -20,3 +24,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not item.get_closest_marker("kubeadm")]
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> K8sArtifacts:
+    """Kubernetes 1.37 from its Go modules (built into the shared cache on first use: ~half an hour)."""
+    try:
+        return ensure_k8s(VERSION)
+    except BuildError as err:
+        pytest.fail(f"Kubernetes {VERSION} is not built and cannot be: {err}")

@@ -10,7 +10,6 @@ also when bringing the cluster up failed, and the last test checks that nothing 
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import tomllib
 from collections.abc import Iterator
@@ -19,10 +18,11 @@ from typing import Any
 
 import pytest
 import yaml
+from kadm_kube import new_namespace, running
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from gpufleet_harness.cluster.k8s_build import BuildError, K8sArtifacts, ensure_k8s
+from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
 from gpufleet_harness.cluster.process import LabError, wait_for
 from gpufleet_harness.lab.hostsetup import HostError
@@ -37,15 +37,6 @@ STATIC_PODS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedu
 
 def _sysctls() -> dict[str, str]:
     return {key: Path("/proc/sys", key).read_text().strip() for key in KUBELET_SYSCTLS}
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> K8sArtifacts:
-    """Kubernetes 1.37 from its Go modules (built into the shared cache on first use: ~half an hour)."""
-    try:
-        return ensure_k8s(VERSION)
-    except BuildError as err:
-        pytest.fail(f"Kubernetes {VERSION} is not built and cannot be: {err}")
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +66,7 @@ def core(cluster: KubeadmCluster) -> Iterator[k8s.CoreV1Api]:
 
 @pytest.fixture(scope="module")
 def namespace(core: k8s.CoreV1Api) -> str:
-    name = f"kadm-{secrets.token_hex(3)}"
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
-    # the ServiceAccount controller makes `default`; pods cannot be created before it exists
-    wait_for(
-        f"ServiceAccount default in {name}",
-        lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
-        60,
-    )
-    return name
+    return new_namespace(core, "kadm")
 
 
 def _node_ready(core: k8s.CoreV1Api, name: str) -> Any:
@@ -110,22 +93,6 @@ def _pod(name: str, node_selector: dict[str, str] | None = None) -> k8s.V1Pod:
             automount_service_account_token=False,
         ),
     )
-
-
-def _running(core: k8s.CoreV1Api, namespace: str, name: str, timeout: float = 180) -> k8s.V1Pod:
-    def probe() -> Any:
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase == "Running" else None
-
-    try:
-        return wait_for(f"pod {namespace}/{name} Running", probe, timeout, interval=1)
-    except LabError as err:
-        pod = core.read_namespaced_pod(name, namespace)
-        events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
-        said = "; ".join(f"{e.reason}: {e.message}" for e in events)
-        raise AssertionError(
-            f"{err}: phase {pod.status.phase}, node {pod.spec.node_name}, events: {said}"
-        ) from None
 
 
 def test_kubeadm_wrote_its_layout(cluster: KubeadmCluster) -> None:
@@ -231,7 +198,7 @@ def test_scheduler_places_a_pod_on_the_control_plane(
     cp = cluster.control_plane
     assert cp is not None
     core.create_namespaced_pod(namespace, _pod("on-cp"))
-    pod = _running(core, namespace, "on-cp")
+    pod = running(core, namespace, "on-cp")
     assert pod.spec.node_name == cp.hostname
     scheduled = [c for c in pod.status.conditions if c.type == "PodScheduled"]
     assert scheduled and scheduled[0].status == "True"
@@ -255,7 +222,7 @@ def test_worker_joins_on_containerd_1_7_and_runs_a_pod(
     assert info.kubelet_version == f"v{VERSION}"
     assert info.container_runtime_version.startswith("containerd://1.7."), info.container_runtime_version
     core.create_namespaced_pod(namespace, _pod("on-w1", {"kubernetes.io/hostname": worker.hostname}))
-    pod = _running(core, namespace, "on-w1")
+    pod = running(core, namespace, "on-w1")
     assert pod.spec.node_name == worker.hostname
     assert "cgroupDriver: systemd" in worker.sh("cat /var/lib/kubelet/config.yaml")
     _check_containerd_dump(worker, cluster.artifacts)

@@ -165,14 +165,273 @@ def main(args):
 sys.exit(main(sys.argv[1:]))
 """
 
-_CTK = """#!/bin/sh
+# Like NVIDIA's nvidia-ctk 1.17: `cdi generate` discovers the GPUs through NVML (the simulator's, at
+# GPUFLEET_SIM_ROOT) and writes a CDI specification laid out as nvidia-ctk lays one out (read from NVIDIA's
+# documentation and source, v1.17.8: pkg/nvcdi, cmd/nvidia-ctk/cdi/generate; not copied): cdiVersion 0.5.0,
+# kind nvidia.com/gpu, one device per GPU under each naming strategy (index and UUID by default) with its
+# /dev/nvidiaN, MIG devices as <gpu>:<mig> and MIG-<uuid> with their parent's node and capability nodes,
+# `all`, and common edits: NVIDIA_VISIBLE_DEVICES=void, the control device nodes that exist, the "driver"
+# mounted read-only, and nvidia-cdi-hook's createContainer hooks. The driver here is the simulator's
+# machine: its root (NVML, nvidia-smi) stands for the driver's libraries and binaries. Without NVML it
+# fails as nvidia-ctk does. `cdi list` prints the device names of the specs in /etc/cdi and /var/run/cdi.
+_CTK = """#!/usr/bin/python3
 # {standin}
-case "$1" in
-  --version|-v) echo "NVIDIA Container Toolkit CLI version {upstream}"; echo "commit: gpufleet-standin"; exit 0 ;;
-  runtime) echo "nvidia-ctk runtime: not implemented by the stand-in; gpufleet writes runtime config itself" >&2; exit 2 ;;
-  *) echo "nvidia-ctk (stand-in) $*" >&2; exit 2 ;;
-esac
+import ctypes, glob, json, os, re, sys
+
+VERSION = "{upstream}"
+SIM = os.environ.get("GPUFLEET_SIM_ROOT", "/etc/gpufleet-sim")
+HOOK = "/usr/bin/nvidia-cdi-hook"
+MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "bind"]
+CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"]
+SPEC_DIRS = ["/etc/cdi", "/var/run/cdi"]
+NVML_ERRORS = {{1: "ERROR_UNINITIALIZED", 2: "ERROR_INVALID_ARGUMENT", 3: "ERROR_NOT_SUPPORTED",
+               9: "ERROR_DRIVER_NOT_LOADED", 12: "ERROR_LIBRARY_NOT_FOUND", 999: "ERROR_UNKNOWN"}}
+
+
+def fail(msg):
+    sys.stderr.write('level=error msg="' + msg + '"\\n')
+    sys.exit(1)
+
+
+class Nvml:
+    def __init__(self):
+        os.environ["GPUFLEET_SIM_ROOT"] = SIM
+        try:
+            self.lib = ctypes.CDLL(os.path.join(SIM, "lib", "libnvidia-ml.so.1"))
+        except OSError:
+            fail("failed to generate CDI spec: failed to create device CDI specs: failed to initialize NVML: "
+                 "ERROR_LIBRARY_NOT_FOUND")
+        self.call("nvmlInit_v2")
+
+    def call(self, name, *args):
+        rc = getattr(self.lib, name)(*args)
+        if rc != 0:
+            fail("failed to generate CDI spec: " + name + ": " + NVML_ERRORS.get(rc, "ERROR_UNKNOWN"))
+
+    def ok(self, name, *args):
+        return getattr(self.lib, name)(*args) == 0
+
+    def text(self, name, handle):
+        buf = ctypes.create_string_buffer(96)
+        self.call(name, handle, buf, ctypes.c_uint(96))
+        return buf.value.decode()
+
+    def uint(self, name, handle):
+        value = ctypes.c_uint()
+        self.call(name, handle, ctypes.byref(value))
+        return value.value
+
+
+def mig_minors():
+    # the driver's table of MIG capability minors: the host's, else the simulated machine's host view
+    for path in ("/proc/driver/nvidia-caps/mig-minors", SIM + "/host/proc/driver/nvidia-caps/mig-minors"):
+        try:
+            with open(path) as fh:
+                return dict((l.rsplit(" ", 1)[0], int(l.rsplit(" ", 1)[1])) for l in fh if " " in l.strip())
+        except (OSError, ValueError):
+            continue
+    return {{}}
+
+
+DEV_ROOT = "/"
+
+
+def host(path):
+    return os.path.join(DEV_ROOT, path.lstrip("/"))
+
+
+def node(path):
+    # as nvidia-ctk: hostPath only where it differs from the container's path (--dev-root)
+    found = host(path)
+    return {{"path": path}} if found == path else {{"path": path, "hostPath": found}}
+
+
+def discover(strategies):
+    nvml = Nvml()
+    count = ctypes.c_uint()
+    nvml.call("nvmlDeviceGetCount_v2", ctypes.byref(count))
+    minors = mig_minors()
+    devices, every = [], []
+    for index in range(count.value):
+        handle = ctypes.c_void_p()
+        nvml.call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
+        uuid, minor = nvml.text("nvmlDeviceGetUUID", handle), nvml.uint("nvmlDeviceGetMinorNumber", handle)
+        path = "/dev/nvidia%d" % minor
+        if not os.path.exists(host(path)):
+            continue
+        every.append(node(path))
+        for strategy in strategies:
+            name = str(index) if strategy == "index" else uuid
+            devices.append({{"name": name, "containerEdits": {{"deviceNodes": [node(path)]}}}})
+        current, pending = ctypes.c_uint(), ctypes.c_uint()
+        if not (nvml.ok("nvmlDeviceGetMigMode", handle, ctypes.byref(current), ctypes.byref(pending))
+                and current.value == 1):
+            continue
+        for slot in range(nvml.uint("nvmlDeviceGetMaxMigDeviceCount", handle)):
+            mig = ctypes.c_void_p()
+            if not nvml.ok("nvmlDeviceGetMigDeviceHandleByIndex", handle, ctypes.c_uint(slot), ctypes.byref(mig)):
+                continue
+            gi, ci = nvml.uint("nvmlDeviceGetGpuInstanceId", mig), nvml.uint("nvmlDeviceGetComputeInstanceId", mig)
+            nodes = [node(path)]
+            for cap in ("gpu%d/gi%d/access" % (minor, gi), "gpu%d/gi%d/ci%d/access" % (minor, gi, ci)):
+                if cap in minors:
+                    nodes.append(node("/dev/nvidia-caps/nvidia-cap%d" % minors[cap]))
+            mig_uuid = nvml.text("nvmlDeviceGetUUID", mig)
+            for strategy in strategies:
+                name = "%d:%d" % (index, slot) if strategy == "index" else mig_uuid
+                devices.append({{"name": name, "containerEdits": {{"deviceNodes": nodes}}}})
+    nvml.ok("nvmlShutdown")
+    devices.append({{"name": "all", "containerEdits": {{"deviceNodes": every}}}})
+    return devices
+
+
+def hook(*args):
+    return {{"hookName": "createContainer", "path": HOOK, "args": ["nvidia-cdi-hook"] + list(args),
+            "env": ["NVIDIA_CTK_DEBUG=false"]}}
+
+
+def spec(vendor, cls, strategies):
+    common = {{
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "deviceNodes": [node(p) for p in CONTROL if os.path.exists(host(p))],
+        "hooks": [hook("create-symlinks", "--link", SIM + "/bin/nvidia-smi::/usr/bin/nvidia-smi"),
+                  hook("update-ldcache", "--folder", SIM + "/lib")],
+        "mounts": [{{"hostPath": SIM, "containerPath": SIM, "options": MOUNT_OPTIONS}},
+                   {{"hostPath": SIM + "/bin/nvidia-smi", "containerPath": "/usr/bin/nvidia-smi",
+                    "options": MOUNT_OPTIONS}}],
+    }}
+    return {{"cdiVersion": "0.5.0", "kind": vendor + "/" + cls, "devices": discover(strategies),
+            "containerEdits": common}}
+
+
+# what a YAML reader would not take for a string when plain: numbers (also base 60), booleans, null
+NUMERIC = re.compile(r"^[-+]?(\\d[\\d_]*)?(\\.\\d*)?([eE][-+]?\\d+)?$|^[-+]?\\d[\\d_]*(:[0-5]?\\d)+$")
+WORDS = ("true", "false", "null", "~", "yes", "no", "on", "off", "y", "n")
+
+
+def scalar(value):
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if (not text or NUMERIC.match(text) or text.lower() in WORDS or text[0] in "?:,[]{{}}#&*!|>'\\"%@`"
+            or text.startswith("- ") or ": " in text or " #" in text or text != text.strip()):
+        return json.dumps(text)
+    return text
+
+
+def emit_map(doc, column, base, out, first=""):
+    # block YAML as nvidia-ctk writes it (yaml.v3, indent 4): a key's block starts 4 columns in from the
+    # enclosing block, and a list item's block from its dash
+    for key, item in doc.items():
+        lead = (first or " " * column) if key == next(iter(doc)) else " " * column
+        if isinstance(item, dict) and item:
+            out.append(lead + key + ":")
+            emit_map(item, base + 4, base + 4, out)
+        elif isinstance(item, list) and item:
+            out.append(lead + key + ":")
+            emit_seq(item, base + 4, out)
+        elif isinstance(item, (dict, list)):
+            out.append(lead + key + ": " + ("{{}}" if isinstance(item, dict) else "[]"))
+        else:
+            out.append(lead + key + ": " + scalar(item))
+
+
+def emit_seq(items, dash, out):
+    for item in items:
+        if isinstance(item, dict):
+            emit_map(item, dash + 2, dash, out, first=" " * dash + "- ")
+        else:
+            out.append(" " * dash + "- " + scalar(item))
+
+
+def option(args, name, default=None):
+    values = []
+    for i, arg in enumerate(args):
+        if arg.startswith(name + "="):
+            values.append(arg.split("=", 1)[1])
+        elif arg == name and i + 1 < len(args):
+            values.append(args[i + 1])
+    return values or ([] if default is None else default)
+
+
+def generate(args):
+    global DEV_ROOT
+    DEV_ROOT = (option(args, "--dev-root") or option(args, "--driver-root") or ["/"])[-1]
+    output = (option(args, "--output") or [""])[-1]
+    fmt = (option(args, "--format") or ["json" if output.endswith(".json") else "yaml"])[-1]
+    strategies = option(args, "--device-name-strategy", ["index", "uuid"])
+    for strategy in strategies:
+        if strategy not in ("index", "uuid"):
+            fail("invalid device name strategy: " + strategy)
+    doc = spec((option(args, "--vendor") or ["nvidia.com"])[-1], (option(args, "--class") or ["gpu"])[-1], strategies)
+    if fmt == "json":
+        text = json.dumps(doc) + "\\n"
+    else:
+        lines = ["---"]
+        emit_map(doc, 0, 0, lines)
+        text = "\\n".join(lines) + "\\n"
+    if not output:
+        sys.stdout.write(text)
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    tmp = output + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, output)
+    sys.stderr.write('level=info msg="Generated CDI spec with version 0.5.0"\\n')
+    return 0
+
+
+def list_devices():
+    names = []
+    for directory in SPEC_DIRS:
+        for path in sorted(glob.glob(directory + "/*.yaml") + glob.glob(directory + "/*.json")):
+            kind, in_devices = None, False
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("kind:"):
+                        kind = line.split(":", 1)[1].strip()
+                    in_devices = line.startswith("devices:") or (in_devices and line.startswith(" "))
+                    found = re.match(r"^    - name: (.*)$", line) if in_devices else None
+                    if found and kind:
+                        names.append(kind + "=" + json.loads(found.group(1)) if found.group(1).startswith('"')
+                                     else kind + "=" + found.group(1))
+    sys.stderr.write('level=info msg="Found %d CDI devices"\\n' % len(names))
+    for name in names:
+        print(name)
+    return 0
+
+
+def main(args):
+    if args[:1] in (["--version"], ["-v"]):
+        print("NVIDIA Container Toolkit CLI version " + VERSION)
+        print("commit: gpufleet-standin")
+        return 0
+    if args[:2] == ["cdi", "generate"]:
+        return generate(args[2:])
+    if args[:2] == ["cdi", "list"]:
+        return list_devices()
+    if args[:1] == ["runtime"]:
+        sys.stderr.write("nvidia-ctk runtime: not implemented by the stand-in; gpufleet writes runtime config itself\\n")
+        return 2
+    sys.stderr.write("nvidia-ctk (stand-in) " + " ".join(args) + "\\n")
+    return 2
+
+
+sys.exit(main(sys.argv[1:]))
 """  # noqa: E501 - script text
+
+# nvidia-cdi-hook (nvidia-container-toolkit-base, 1.17): the hooks the CDI specification names. The stand-in
+# records each call (subcommand, arguments, the container's id from the OCI state on stdin) and changes
+# nothing: there is no driver library to link or cache.
+_CDI_HOOK = """#!/bin/sh
+# {standin}
+state=$(cat)
+echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $* id=$(echo "$state" | sed -n 's/.*"id": *"\\([^"]*\\)".*/\\1/p')" \\
+  >> /var/log/nvidia-cdi-hook.log 2>/dev/null
+exit 0
+"""
 
 _CLI = """#!/bin/sh
 # {standin}
@@ -333,6 +592,7 @@ def container_toolkit_packages(version: str) -> list[DebPackage]:
             files={
                 "/usr/bin/nvidia-container-runtime": FileEntry(_RUNTIME_SHIM, mode=0o755),
                 "/usr/bin/nvidia-ctk": _script(_CTK, version),
+                "/usr/bin/nvidia-cdi-hook": _script(_CDI_HOOK, version),
                 "/etc/nvidia-container-runtime/config.toml": FileEntry(
                     _fmt(_RUNTIME_CONFIG, version), conffile=True
                 ),
