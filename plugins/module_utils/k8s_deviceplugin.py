@@ -36,16 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import (
-    MERGE_PATCH,
     ApplyResult,
-    Change,
     apply,
-    apply_patch,
     delete,
-    project,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import RESOURCES, Kube, KubeError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_nodelabels import label_nodes
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
     POLL_SECONDS,
     WaitTimeout,
@@ -81,8 +78,6 @@ DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_LABEL_PREFIX = "gpufleet.io"
 RUNNING_CONFIG_LABEL = "device-plugin.config"  # under labels.prefix
 EVENT_NAMESPACE = "default"
-# On a Node: the "<label>=<value>" this module set; it removes only a label it set that still has that value.
-CONFIG_LABEL_OWNER = "gpufleet.io/device-plugin.config-label"
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -576,65 +571,6 @@ def node_config_names(params: Mapping[str, Any], named: NamedConfigs | None) -> 
     return out
 
 
-def config_label_patch(node: Mapping[str, Any], label: str | None, value: str | None) -> dict[str, Any]:
-    """The merge patch giving ``node`` the label ``label=value`` and recording it as this module's (value
-    None: no label of this module's); empty when nothing changes. A label the module did not set, or whose
-    value someone changed since, is never removed: the annotation recording it goes instead."""
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    owned = (meta.get("annotations") or {}).get(CONFIG_LABEL_OWNER) or ""
-    old_key, old_value = owned.partition("=")[::2]
-    record = f"{label}={value}" if label and value is not None else ""
-    new_labels: dict[str, str | None] = {}
-    if old_key and labels.get(old_key) == old_value and (not record or old_key != label):
-        new_labels[old_key] = None
-    if record and labels.get(str(label)) != value:
-        new_labels[str(label)] = value
-    patch: dict[str, Any] = {}
-    if new_labels:
-        patch["labels"] = new_labels
-    if owned != record:
-        patch["annotations"] = {CONFIG_LABEL_OWNER: record or None}
-    return {"metadata": patch} if patch else {}
-
-
-def label_nodes(
-    kube: Kube, wanted: Mapping[str, str | None], named: NamedConfigs | None, check_mode: bool
-) -> ApplyResult:
-    """Give each node of ``wanted`` its configuration label (None: remove the one this module set)."""
-    result = ApplyResult()
-    nodes = RESOURCES["Node"]
-    label = named.label if named else None
-    for name, value in sorted(wanted.items()):
-        node = kube.get(nodes, name)
-        if node is None:
-            if value is None:
-                continue
-            error = KubeError(f"node_configs.{name}: no such node in the cluster (to label {label}={value})")
-            error.partial = result
-            raise error
-        patch = config_label_patch(node, label, value)
-        if not patch:
-            if value is not None:
-                result.changes.append(Change("Node", name, None, "unchanged"))
-            continue
-        before = project(node, patch)
-        if not check_mode:
-            try:
-                kube.request(
-                    "PATCH",
-                    nodes.path(None, name),
-                    body=patch,
-                    content_type=MERGE_PATCH,
-                    what=("patch", nodes.display, None, name),
-                )
-            except KubeError as exc:
-                exc.partial = result
-                raise
-        result.changes.append(Change("Node", name, None, "updated", before, apply_patch(before, patch)))
-    return result
-
-
 class CapacityExplainer:
     """Turns a node that lacks the plugin's resource into a reason: no pod, pod failing, not registered,
     fewer devices than expected, unhealthy devices (with the plugin's last log lines). ``target`` says what
@@ -707,6 +643,7 @@ def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> ApplyR
     """
     cfg = plugin_config(params)
     named = named_configs(cfg)
+    label = named.label if named else None
     daemonset = params["mode"] == "daemonset"
     wanted, unwanted = build_objects(params, cfg) if daemonset else ([], [])
     wanted = runtime_class_objects(params) + wanted  # before the pods that may name it
@@ -714,13 +651,13 @@ def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> ApplyR
         timeout = params["wait_timeout"] if params["wait"] else 0
         removed = delete(kube, wanted + unwanted, check_mode=check_mode, wait_timeout=timeout)
         ours = dict.fromkeys(map(str, params["node_configs"] or {}))  # every label this module set goes
-        removed.changes += label_nodes(kube, ours, named, check_mode).changes
+        removed.changes += label_nodes(kube, ours, label, check_mode).changes
         return removed
     picks = node_config_names(params, named)
     if daemonset:
         validate_with_plugin(cfg)
     # Labels first: a new plugin pod finds its node's label at start, not at some later moment.
-    result = label_nodes(kube, picks, named, check_mode)
+    result = label_nodes(kube, picks, label, check_mode)
     try:
         applied = apply(kube, wanted, check_mode=check_mode)
     except KubeError as exc:

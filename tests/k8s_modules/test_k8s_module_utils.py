@@ -21,6 +21,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (  # noqa: 
     k8s_client,
     k8s_deviceplugin,
     k8s_extender,
+    k8s_nodelabels,
     k8s_schedconfig,
     k8s_wait,
 )
@@ -296,7 +297,7 @@ def _node(labels: dict, owner: str | None = None) -> dict:
 
 
 def test_config_label_is_set_recorded_and_removed_only_when_the_module_set_it() -> None:
-    patch = k8s_deviceplugin.config_label_patch
+    patch = k8s_nodelabels.config_label_patch
     set_it = patch(_node({}), LABEL, "sliced")
     assert set_it == {"metadata": {"labels": {LABEL: "sliced"}, "annotations": {OWNER: f"{LABEL}=sliced"}}}
     assert patch(_node({LABEL: "sliced"}, f"{LABEL}=sliced"), LABEL, "sliced") == {}
