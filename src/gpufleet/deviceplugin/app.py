@@ -37,7 +37,6 @@ from gpufleet.logs import log_event, setup_logging
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 1
-CONFIG_LABEL_NAME = "device-plugin.config"  # under labels.prefix: the named configuration running
 MIG_REFUSED_REASON = "DevicePluginMigLayoutInvalid"  # Event: a configuration's MIG strategy cannot serve
 FIRST_LABEL_WAIT_S = (
     10.0  # at start, how long the first registration waits for the node's label (named configs)
@@ -353,7 +352,7 @@ class App:
         cfg = self.cfg
         if not cfg.named:
             return {}
-        return {f"{cfg.labels_prefix}/{CONFIG_LABEL_NAME}": cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
+        return {cfg.running_label: cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
 
     def _publisher(self) -> NodePublisher | None:
         cfg = self.cfg
