@@ -179,10 +179,10 @@ class App:
             log_event("telemetry_off", level="warning", reason="the device source offers no GPU readings")
             return None
         attribute = None
-        if cfg.telemetry_pod_resources_socket:
+        if cfg.pod_resources_in_use:
             configs = [cfg, *cfg.named.values()]
             attribute = PodAttributor(
-                PodResourcesClient(cfg.telemetry_pod_resources_socket),
+                PodResourcesClient(cfg.pod_resources_in_use),
                 {c.sharing_memory_resource_name for c in configs},
                 AssignmentCache(self._pod_annotations),
             )

@@ -169,6 +169,12 @@ class Config:
         return Advertised(spec.name, per_gpu)
 
     @property
+    def pod_resources_in_use(self) -> str:
+        """The kubelet's PodResources socket the plugin connects to, "" when none: telemetry's, which runs
+        only where /metrics is served (http.port) and telemetry is enabled."""
+        return self.telemetry_pod_resources_socket if self.http_port and self.telemetry_enabled else ""
+
+    @property
     def running_label(self) -> str:
         """The node label where the plugin publishes the named configuration it runs (labels.enabled)."""
         return f"{self.labels_prefix}/{CONFIG_LABEL_NAME}"
