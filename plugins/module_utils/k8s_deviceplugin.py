@@ -550,15 +550,15 @@ def wait_named_resources(
     while True:
         seen = {n: kube.get(RESOURCES["Node"], n) for n in gpus}
         picked = {n: pick(cfg, node) for n, node in seen.items()}
-        served = {n: cfg.named[name].advertised() for n, (name, _) in picked.items()}
+        wanted = {n: cfg.named[picked[n][0]].advertised() for n in gpus}
         short = [
-            n for n in gpus if not reports_resource(seen[n], served[n].resource, devices(gpus[n], served[n]))
+            n for n in gpus if not reports_resource(seen[n], wanted[n].resource, devices(gpus[n], wanted[n]))
         ]
         left = deadline - time.monotonic()
         if not short or left <= 0:
             break
         time.sleep(min(2 * POLL_SECONDS, left))
-    warnings = [f"node {n}: {warning}" for n, (_, warning) in sorted(picked.items()) if warning]
+    warnings = [f"node {n}: {picked[n][1]}" for n in sorted(picked) if picked[n][1]]
     if short:
         reasons = [f"{n} (configuration {picked[n][0]}): {explain(n, seen[n])}" for n in sorted(short)]
         raise WaitTimeout(
@@ -568,9 +568,9 @@ def wait_named_resources(
     return {
         n: {
             "config": picked[n][0],
-            "resource": served[n].resource,
-            "capacity": resource_count(node or {}, "capacity", served[n].resource),
-            "allocatable": resource_count(node or {}, "allocatable", served[n].resource),
+            "resource": wanted[n].resource,
+            "capacity": resource_count(node or {}, "capacity", wanted[n].resource),
+            "allocatable": resource_count(node or {}, "allocatable", wanted[n].resource),
         }
         for n, node in seen.items()
     }, warnings

@@ -203,7 +203,7 @@ def _mig(inv: NodeInventory, strategy: str) -> dict[str, str]:
         log_event("gfd_mig_invalid", level="warning", reason=problem)
         invalid = _base(0, 0, "", enabled[0].model, "MIG", "INVALID") | {"memory": 0}
         return out | _resource(GPU, invalid)
-    ((_profile, found),) = by_profile.items()
+    found = next(iter(by_profile.values()))  # the one profile (checked above)
     return out | _mig_resource(GPU, *found[0], len(found))
 
 
