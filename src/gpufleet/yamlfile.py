@@ -30,6 +30,14 @@ def read_yaml(path: str | os.PathLike[str], limit: int) -> Any:
         raise YamlFileError(f"cannot read: {exc.strerror}") from None
     except ValueError as exc:  # a NUL byte in the path
         raise YamlFileError(f"cannot read {reprlib.repr(str(path))}: {exc}") from None
+    return parse_yaml(data, limit)
+
+
+def parse_yaml(data: bytes | str, limit: int) -> Any:
+    """The parsed document of a file's content, held to the same rules as :func:`read_yaml` (text counts in
+    UTF-8 bytes): what a file of this content would give, without the file."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
     if len(data) > limit:
         raise YamlFileError(f"larger than {limit} bytes")
     try:

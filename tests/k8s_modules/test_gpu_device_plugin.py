@@ -407,9 +407,9 @@ def test_one_daemonset_serves_each_node_the_configuration_its_label_picks(
         )
         kept = run_tasks([{MODULE: args}], tmp_path).task()
         assert not kept.get("failed") and kept["nodes"]["gpu-a"]["config"] == "whole", kept
-        assert (
-            f"node gpu-a: label {CONFIG_LABEL}=inferense names no configuration (known: sliced, whole); "
-            "the plugin keeps 'whole'" in kept["warnings"]
+        assert (  # the plugin's own words for the refusal (Config.select), as in its event
+            f"node gpu-a: unknown device plugin configuration 'inferense' (label {CONFIG_LABEL}); "
+            "known: sliced, whole; the plugin keeps 'whole'" in kept["warnings"]
         )
 
         # the module's label taken away: gpu-b switches back to whole GPUs, live

@@ -37,7 +37,6 @@ from gpufleet.logs import log_event, setup_logging
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 1
-CONFIG_LABEL_NAME = "device-plugin.config"  # under labels.prefix: the named configuration running
 MIG_REFUSED_REASON = "DevicePluginMigLayoutInvalid"  # Event: a configuration's MIG strategy cannot serve
 FIRST_LABEL_WAIT_S = (
     10.0  # at start, how long the first registration waits for the node's label (named configs)
@@ -180,10 +179,10 @@ class App:
             log_event("telemetry_off", level="warning", reason="the device source offers no GPU readings")
             return None
         attribute = None
-        if cfg.telemetry_pod_resources_socket:
+        if cfg.pod_resources_in_use:
             configs = [cfg, *cfg.named.values()]
             attribute = PodAttributor(
-                PodResourcesClient(cfg.telemetry_pod_resources_socket),
+                PodResourcesClient(cfg.pod_resources_in_use),
                 {c.sharing_memory_resource_name for c in configs},
                 AssignmentCache(self._pod_annotations),
             )
@@ -353,7 +352,7 @@ class App:
         cfg = self.cfg
         if not cfg.named:
             return {}
-        return {f"{cfg.labels_prefix}/{CONFIG_LABEL_NAME}": cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
+        return {cfg.running_label: cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
 
     def _publisher(self) -> NodePublisher | None:
         cfg = self.cfg

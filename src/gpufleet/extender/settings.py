@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..layered import Layer, Parser, as_int, as_number, as_str, merge
-from ..yamlfile import YamlFileError, read_yaml
+from ..yamlfile import YamlFileError, parse_yaml, read_yaml
 from .request import Policy
 
 ENV_PREFIX = "GPUFLEET_EXTENDER_"
@@ -141,13 +141,16 @@ def load_settings(
     path: str | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    *,
+    text: str | None = None,
 ) -> Settings:
     """Merge defaults < file < environment < flags (flags with value None are unset) and validate; raise
-    SettingsError naming every setting that is wrong and where it came from."""
+    SettingsError naming every setting that is wrong and where it came from. With ``text``, that is the
+    file's content and ``path`` only names it in messages: nothing is read (the Ansible module's check)."""
     errors: list[str] = []
     in_file: dict[str, tuple[Any, str]] = {}
     if path:
-        doc = _read_yaml(path)
+        doc = _read_yaml(path, text)
         version = doc.pop("version", CONFIG_VERSION)
         if version != CONFIG_VERSION:
             raise SettingsError(
@@ -184,10 +187,12 @@ def _key(key: Any) -> str:
     return key if isinstance(key, str) and key in PARSERS else reprlib.repr(key)
 
 
-def _read_yaml(path: str) -> dict[Any, Any]:
-    """The settings file as a mapping; SettingsError when unreadable, oversized or not a YAML mapping."""
+def _read_yaml(path: str, text: str | None = None) -> dict[Any, Any]:
+    """The settings file (or its ``text``) as a mapping; SettingsError when unreadable, oversized or not a
+    YAML mapping."""
     try:
-        doc = read_yaml(path, MAX_SETTINGS_BYTES) or {}
+        parsed = read_yaml(path, MAX_SETTINGS_BYTES) if text is None else parse_yaml(text, MAX_SETTINGS_BYTES)
+        doc = parsed or {}
     except YamlFileError as exc:
         raise SettingsError(f"config file {reprlib.repr(path)}: {exc}") from None
     if not isinstance(doc, dict):
