@@ -263,6 +263,8 @@ class InMemoryCluster:
                     kind, change, obj = watcher.events.get(timeout=0.05)
                 except queue.Empty:
                     continue
+                while self.paused and not stop.is_set():  # paused while this event was awaited
+                    stop.wait(0.01)
                 try:
                     if kind == "node":
                         (sink.delete_node if change == "DELETED" else sink.upsert_node)(obj)

@@ -27,6 +27,10 @@ class Metrics(BaseMetrics):
             "counter",
             "Binds that waited for another pod's GPU-memory hand-off on the node to release its bind-lock.",
         ),
+        "gpufleet_extender_reservations_refused_total": (
+            "counter",
+            "Filters refused because the reservation table was at max_reservations.",
+        ),
         "gpufleet_extender_recheck_replans_total": (
             "counter",
             "Binds whose GPUs changed on the re-check under the lock (the cache was behind).",
