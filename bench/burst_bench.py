@@ -26,8 +26,10 @@ from /proc, API server CPU per bind, nodes used (binpack: the fewest that hold t
 the end) and refused ``Allocate`` calls. Figures, not assertions.
 
 Kubernetes: the lab's cached build (``gpufleet lab build``; ``--k8s-version`` picks a cache entry,
-``--k8s`` names an entry directory with ``bin/`` directly), started through the harness
-(``gpufleet_harness.cluster``), which chooses the scheduler configuration's API for the version it runs.
+``--k8s`` names an entry directory with ``bin/`` directly: another version's binaries, e.g. 1.37), started
+through the harness (``gpufleet_harness.cluster``): etcd, kube-apiserver and kube-scheduler with the
+configuration the harness writes for them, around the extender section ``gpufleet-extender
+scheduler-config`` generates.
 """
 
 from __future__ import annotations

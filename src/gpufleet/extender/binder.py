@@ -269,8 +269,10 @@ class Binder:
                 )
             except ReservationsFull as exc:
                 raise BindError(str(exc), "reservations_full") from None
-        if verdict.placement is None:
-            raise BindError(f"node {node}: {verdict.reason}", "no_fit")
+            if verdict.placement is None:
+                if reservation is not None and reservation.stage == DECIDED:
+                    self.state.release(req.uid)  # decided for another node: the scheduler chose this one
+                raise BindError(f"node {node}: {verdict.reason}", "no_fit")
         return verdict.placement
 
     def _take_lock(self, node: str, req: GpuRequest) -> tuple[NodeInfo, float]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from gpufleet.extender.bindlocks import BINDING, DECIDED
+from gpufleet.extender.bindlocks import DECIDED
 from gpufleet.extender.index import ALL, ERROR, PASS, SHARING, WHOLE, Record, RequestPlan
 from gpufleet.extender.ledger import NodeEntry
 from gpufleet.extender.model import NodeInfo, node_info
@@ -805,7 +805,7 @@ def decide(
     wishes (`rules.composites`), ties to the candidates' order. A node where this pod's bind would queue
     behind more hand-offs than its share of `bind_wait` allows (`BindLocks.busy`) is taken only when no
     node without such a queue fits as well on what the pod asked for (NVLink, most capable), and then the
-    shortest queue first. A pod whose bind is already running keeps its node. `ReservationsFull` when the
+    shortest queue first. A pod whose bind is running or done keeps its node. `ReservationsFull` when the
     reservation table is at its cap.
     """
     npolicy = req.node_policy or node_policy
@@ -815,7 +815,7 @@ def decide(
     names = [_name(c) for c in cast(Sequence[Any], fitting)]
     with state.lock:
         own = state.reservation(req.uid)
-        if own is not None and own.stage == BINDING:
+        if own is not None and own.stage != DECIDED:  # bound or binding: a retry of the scheduler's
             return own.usage.node if own.usage.node in names else ""
         figures, _ = placement_figures(state, req, fitting, gpu_policy, now)
         composite = composites(figures, npolicy is Policy.BINPACK, multi, most)
