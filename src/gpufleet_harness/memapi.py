@@ -315,15 +315,6 @@ class InMemoryCluster:
                 raise NotFoundError(f"pod {namespace}/{name} not found")
             return self._done(late, copy.deepcopy(pod))
 
-    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        """Pods bound to the node now."""
-        late = self._call("list_pods_on_node")
-        with self._lock:
-            pods = [
-                copy.deepcopy(p) for p in self._pods.values() if (p.get("spec") or {}).get("nodeName") == node
-            ]
-            return self._done(late, pods)
-
     def patch_pod_annotations(
         self,
         namespace: str,
