@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -323,3 +324,32 @@ def test_reservation_table_settings() -> None:
         load_settings(env={}, flags={"max_reservations": "0"})
     with pytest.raises(SettingsError, match="decision_ttl"):
         load_settings(env={}, flags={"decision_ttl": "-1"})
+
+
+def test_a_refused_bind_touches_its_pod_so_the_scheduler_retries_it_soon(
+    cluster, start_extender, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """kube-scheduler 1.20 parks a pod whose bind failed for 60-90 s; an update of the pod moves it back."""
+    from gpufleet.extender import binder as binder_module
+
+    monkeypatch.setattr(binder_module, "REQUEUE_DELAY", 0.01)
+    cluster.add_node(node("n1", machine("a", 1, mem=16)))
+    p = pod("p", mem=[4])
+    cluster.add_pod(p)
+    ext = start_extender(bind_wait=0.2)
+    ext.binder.turns.acquire("n1", 1.0)  # another bind holds the node's turn
+    try:
+        assert "bind_wait" in bind(ext, p, "n1")
+    finally:
+        ext.binder.turns.release("n1")
+
+    def refused() -> str | None:
+        obj = next(x for x in cluster.pods() if x["metadata"]["name"] == "p")
+        return obj["metadata"]["annotations"].get(binder_module.REFUSED_ANNOTATION)
+
+    deadline = time.monotonic() + 5
+    while refused() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (refused() or "").startswith("node_busy ")
+    assert ext.metrics.get("gpufleet_extender_requeues_total") == 1
+    assert bind(ext, p, "n1") == ""  # the retry: the annotation is no obstacle

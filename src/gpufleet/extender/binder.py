@@ -45,6 +45,16 @@ from gpufleet.handoff import ASSIGNMENT_ANNOTATION, BIND_LOCK_ANNOTATION, Assign
 from gpufleet.logs import log_event
 
 LOCK_ATTEMPTS = 3
+# A refused bind's pod fit when filter decided it; it will fit again soon (a queue drained, a cache caught
+# up). kube-scheduler 1.20 parks a pod whose bind failed in its unschedulable queue for 60-90 s, and nothing
+# about nodes moves it back; an update of the pod itself does, at once. So after such a refusal the extender
+# writes this annotation on the pod (its value: the reason and the time), REQUEUE_DELAY seconds later, when
+# the scheduler has parked the pod.
+REFUSED_ANNOTATION = "gpufleet.io/bind-refused"
+REQUEUE_REASONS = frozenset(
+    {"node_busy", "no_fit", "stale", "conflict", "lock_conflict", "lock_expired", "watch_lag"}
+)
+REQUEUE_DELAY = 0.5
 # Most seconds a bind waits for its own watch to show the assignment it wrote (usually milliseconds).
 WATCH_WAIT = 5.0
 # Seconds kept between a write of this bind and its bind-lock's expiry: a bind that slow gives up rather than
@@ -142,6 +152,10 @@ class Binder:
                 reason=exc.reason,
                 error=str(exc),
             )
+            if exc.reason in REQUEUE_REASONS and uid:
+                timer = threading.Timer(REQUEUE_DELAY, self._requeue, (namespace, name, uid, exc.reason))
+                timer.daemon = True
+                timer.start()
             raise
         self.metrics.inc("gpufleet_extender_binds_total", result="ok", reason="")
         self.metrics.observe("gpufleet_extender_bind_seconds", time.perf_counter() - started)
@@ -158,6 +172,17 @@ class Binder:
             else None,
             whole=placement.whole if placement else None,
         )
+
+    def _requeue(self, namespace: str, name: str, uid: str, reason: str) -> None:
+        """Touch a refused pod (REFUSED_ANNOTATION) so the scheduler retries it after its backoff, not in a
+        minute; best effort."""
+        value = f"{reason} {self.clock():.3f}"
+        try:
+            self.cluster.patch_pod_annotations(namespace, name, uid, {REFUSED_ANNOTATION: value})
+        except ApiError as exc:
+            log_event("requeue_failed", logging.DEBUG, pod=f"{namespace}/{name}", error=str(exc))
+            return
+        self.metrics.inc("gpufleet_extender_requeues_total")
 
     def _read_pod(self, namespace: str, name: str, uid: str) -> tuple[GpuRequest, str | None, str]:
         """The pod as stored now: its request, current node and resourceVersion (a retried bind whose first
