@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes.client import CoreV1Api
+from kubernetes.client.rest import ApiException
 
 import gpufleet
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
@@ -496,7 +497,18 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
 
         def create(i: int) -> None:
             body = pod_body(i, ask)
-            core.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
+            for attempt in range(10):
+                try:
+                    core.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
+                    break
+                except ApiException as exc:
+                    # An overloaded API server answers 500 ("resource quota evaluation timed out") or 429:
+                    # a client retries; 409 after a retry means the earlier attempt landed.
+                    if exc.status == 409 and attempt:
+                        break
+                    if exc.status not in (429, 500, 503, 504) or attempt == 9:
+                        raise
+                    time.sleep(0.5)
             created_at[body["metadata"]["name"]] = time.monotonic()
 
         with ThreadPoolExecutor(args.create_threads) as pool:

@@ -47,7 +47,7 @@ from gpufleet.logs import log_event
 LOCK_ATTEMPTS = 3
 # A refused bind's pod fit when filter decided it; it will fit again soon (a queue drained, a cache caught
 # up). kube-scheduler 1.20 parks a pod whose bind failed in its unschedulable queue for 60-90 s, and nothing
-# about nodes moves it back; an update of the pod itself does, at once. So after such a refusal the extender
+# about nodes moves it back; an update of the pod itself moves it to the active queue at once. So after such a refusal the extender
 # writes this annotation on the pod (its value: the reason and the time), REQUEUE_DELAY seconds later, when
 # the scheduler has parked the pod.
 REFUSED_ANNOTATION = "gpufleet.io/bind-refused"
