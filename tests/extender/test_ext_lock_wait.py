@@ -81,7 +81,7 @@ def test_bind_gives_up_after_lock_wait_and_undoes_its_reservation(two_nodes, sta
     cluster.add_pod(pod("other", mem=[4]))
     cluster.add_pod(pod("q", mem=[4]))
     lock_node(cluster, "n1", "other", 0, clock)  # another replica is binding `other` right now
-    ext = start_extender(lock_wait=0.5)
+    ext = start_extender(lock_wait=0.5, bind_wait=0.5)  # the turn comes at once: 1 s for the hand-off
     # A young lock: that bind is still running, so n1 stays a candidate.
     assert ext.api.filter({"Pod": pod("q", mem=[4]), "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
     started = time.monotonic()

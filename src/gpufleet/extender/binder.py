@@ -47,9 +47,9 @@ from gpufleet.logs import log_event
 LOCK_ATTEMPTS = 3
 # A refused bind's pod fit when filter decided it; it will fit again soon (a queue drained, a cache caught
 # up). kube-scheduler 1.20 parks a pod whose bind failed in its unschedulable queue for 60-90 s, and nothing
-# about nodes moves it back; an update of the pod itself moves it to the active queue at once. So after such a refusal the extender
-# writes this annotation on the pod (its value: the reason and the time), REQUEUE_DELAY seconds later, when
-# the scheduler has parked the pod.
+# about nodes moves it back; an update of the pod itself moves it to the active queue at once. So after such
+# a refusal the extender writes this annotation on the pod (its value: the reason and the time),
+# REQUEUE_DELAY seconds later, when the scheduler has parked the pod.
 REFUSED_ANNOTATION = "gpufleet.io/bind-refused"
 REQUEUE_REASONS = frozenset(
     {"node_busy", "no_fit", "stale", "conflict", "lock_conflict", "lock_expired", "watch_lag"}
@@ -235,6 +235,9 @@ class Binder:
             if done is not None and done.stage == SETTLED and done.usage.node == node:
                 return None  # this process bound it; the watch has not shown it yet
         placement = self._reserve(req, node, policy)
+        # bind_wait for the turn, lock_wait for the hand-off before it: one budget, so a turn that came early
+        # leaves its bind more time for that hand-off (the whole stays under the scheduler's httpTimeout).
+        budget_end = time.monotonic() + self.bind_wait + self.lock_wait
         granted, queued = self.turns.acquire(node, self.bind_wait)
         if not granted:
             self.state.release(req.uid)
@@ -249,7 +252,7 @@ class Binder:
             written: list[str] = []  # the pod's resourceVersion after each assignment written
             try:
                 if req.kind == "mem":
-                    fresh, lock_expires = self._take_lock(node, req)
+                    fresh, lock_expires = self._take_lock(node, req, budget_end)
                     locked = True
                     placement = self._commit(req, uid, fresh, policy, pod_version, lock_expires, written)
                     if self.clock() > lock_expires - LOCK_MARGIN:
@@ -300,15 +303,16 @@ class Binder:
                 raise BindError(f"node {node}: {verdict.reason}", "no_fit")
         return verdict.placement
 
-    def _take_lock(self, node: str, req: GpuRequest) -> tuple[NodeInfo, float]:
+    def _take_lock(self, node: str, req: GpuRequest, budget_end: float) -> tuple[NodeInfo, float]:
         """Write our bind-lock on the node; return the node as locked and the lock's expiry.
 
         Another pod's live lock fails the bind at once, unless its hand-off is about to finish
         (`ClusterState.lock_blocks`): then the bind waits for the watch to show it gone, up to `lock_wait`
-        seconds, holding its reservation and the node's turn meanwhile. The precondition is the Node's
+        seconds or what its turn left of `bind_wait + lock_wait` (`budget_end`), holding its reservation and
+        the node's turn meanwhile. The precondition is the Node's
         resourceVersion as the watch shows it; a 409 (the watch was behind) reads the node and tries again.
         """
-        deadline = time.monotonic() + self.lock_wait
+        deadline = max(time.monotonic() + self.lock_wait, budget_end) if self.lock_wait > 0 else 0.0
         conflicts = 0
         waited = False
         fresh: NodeInfo | None = None
