@@ -19,6 +19,7 @@ import pytest
 from extender_builders import machine, node, pod, settle
 
 from gpufleet.extender.bindlocks import HANDOFF_PRIOR
+from gpufleet.extender.cluster import ConflictError
 from gpufleet.extender.request import Policy, parse_pod
 from gpufleet.extender.settings import SettingsError, load_settings
 from gpufleet.extender.state import ClusterState
@@ -95,6 +96,13 @@ def burst(
     for thread in threads:
         thread.join(30)
     return errors
+
+
+@pytest.fixture
+def two_nodes_16(cluster: InMemoryCluster) -> InMemoryCluster:
+    cluster.add_node(node("n1", machine("a", 1, mem=16)))
+    cluster.add_node(node("n2", machine("b", 1, mem=16)))
+    return cluster
 
 
 @pytest.fixture
@@ -326,30 +334,35 @@ def test_reservation_table_settings() -> None:
         load_settings(env={}, flags={"decision_ttl": "-1"})
 
 
-def test_a_refused_bind_touches_its_pod_so_the_scheduler_retries_it_soon(
-    cluster, start_extender, monkeypatch
+def test_a_bind_refused_on_a_stale_view_touches_its_pod_so_the_scheduler_retries_it_soon(
+    two_nodes_16: InMemoryCluster, start_extender, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """kube-scheduler 1.20 parks a pod whose bind failed for 60-90 s; an update of the pod moves it back."""
+    """kube-scheduler 1.20 parks a pod whose bind failed for 60-90 s; an update of the pod moves it back. A
+    refusal because the node was busy is not followed by one (the node's hand-offs are the limit)."""
     from gpufleet.extender import binder as binder_module
 
     monkeypatch.setattr(binder_module, "REQUEUE_DELAY", 0.01)
-    cluster.add_node(node("n1", machine("a", 1, mem=16)))
-    p = pod("p", mem=[4])
+    cluster = two_nodes_16
+    p, q = pod("p", mem=[4]), pod("q", mem=[4])
     cluster.add_pod(p)
+    cluster.add_pod(q)
     ext = start_extender(bind_wait=0.2)
     ext.binder.turns.acquire("n1", 1.0)  # another bind holds the node's turn
     try:
-        assert "bind_wait" in bind(ext, p, "n1")
+        assert "bind_wait" in bind(ext, q, "n1")
     finally:
         ext.binder.turns.release("n1")
+    cluster.inject("patch_node_annotations", ConflictError("modified"), times=3)
+    assert "kept changing" in bind(ext, p, "n1")
 
-    def refused() -> str | None:
-        obj = next(x for x in cluster.pods() if x["metadata"]["name"] == "p")
+    def refused(name: str) -> str | None:
+        obj = next(x for x in cluster.pods() if x["metadata"]["name"] == name)
         return obj["metadata"]["annotations"].get(binder_module.REFUSED_ANNOTATION)
 
     deadline = time.monotonic() + 5
-    while refused() is None and time.monotonic() < deadline:
+    while refused("p") is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert (refused() or "").startswith("node_busy ")
+    assert (refused("p") or "").startswith("lock_conflict ")
+    assert refused("q") is None
     assert ext.metrics.get("gpufleet_extender_requeues_total") == 1
     assert bind(ext, p, "n1") == ""  # the retry: the annotation is no obstacle
