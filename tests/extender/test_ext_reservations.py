@@ -366,3 +366,36 @@ def test_a_bind_refused_on_a_stale_view_touches_its_pod_so_the_scheduler_retries
     assert refused("q") is None
     assert ext.metrics.get("gpufleet_extender_requeues_total") == 1
     assert bind(ext, p, "n1") == ""  # the retry: the annotation is no obstacle
+
+
+def test_when_every_node_queues_too_long_filter_waits_for_a_queue_to_shorten(  # type: ignore[no-untyped-def]
+    cluster, start_extender
+) -> None:
+    """The scheduler decides faster than nodes hand off: rather than send a bind that would wait past
+    bind_wait (and be refused), filter waits, up to filter_wait, for a bind ahead to finish its turn."""
+    cluster.add_node(node("n1", machine("a", 1, mem=80)))
+    pods = [pod(f"p{i}", mem=[1]) for i in range(4)]
+    for p in pods:
+        cluster.add_pod(p)
+    ext = start_extender(bind_wait=2, filter_wait=30)
+    ext.state.note_handoff(HANDOFF_PRIOR)  # 0.5 s per hand-off: 2 s x 0.5 allows 2 ahead
+    for p in pods[:3]:
+        assert filtered(ext, p, ["n1"])["NodeNames"] == ["n1"]
+    assert ext.metrics.get("gpufleet_extender_filter_waits_total") == 0
+    # The fourth would queue behind three: its filter waits until one of them is no longer queued.
+    threading.Timer(0.3, lambda: ext.state.release("uid-default-p0")).start()
+    assert filtered(ext, pods[3], ["n1"])["NodeNames"] == ["n1"]
+    assert ext.state.reservation("uid-default-p0") is None  # released while it waited (filter_wait is 30 s)
+    assert ext.metrics.get("gpufleet_extender_filter_waits_total") == 1
+    assert ext.state.reservation_count("decided") == 3
+
+
+def test_filter_waits_at_most_filter_wait_then_takes_the_shortest_queue(cluster, start_extender) -> None:  # type: ignore[no-untyped-def]
+    cluster.add_node(node("n1", machine("a", 1, mem=80)))
+    pods = [pod(f"p{i}", mem=[1]) for i in range(4)]
+    for p in pods:
+        cluster.add_pod(p)
+    ext = start_extender(bind_wait=2, filter_wait=0.2)
+    for p in pods:
+        assert filtered(ext, p, ["n1"])["NodeNames"] == ["n1"]
+    assert ext.metrics.get("gpufleet_extender_filter_waits_total") == 1

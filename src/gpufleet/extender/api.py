@@ -118,8 +118,10 @@ class ExtenderApi:
         node_policy: Policy = Policy.BINPACK,
         gpu_policy: Policy = Policy.BINPACK,
         clock: Callable[[], float] = time.time,
+        filter_wait: float = 0.0,
     ) -> None:
         self.state = state
+        self.filter_wait = filter_wait
         self.binder = binder
         self.metrics = metrics
         self.node_policy = node_policy
@@ -164,12 +166,17 @@ class ExtenderApi:
                     c for c in candidates if not isinstance(c, str) and c["metadata"]["name"] in fit_names
                 ]
             try:
-                outcome.fits = [n for n in [decide(self.state, req, chosen, self.node_policy, self.gpu_policy,
-                                                   now)] if n]  # fmt: skip
+                name, waited = decide(
+                    self.state, req, chosen, self.node_policy, self.gpu_policy, self.filter_wait
+                )
             except ReservationsFull as exc:
                 self.metrics.inc("gpufleet_extender_reservations_refused_total")
                 outcome.fits = []
                 outcome.error = f"gpufleet extender: {exc}"
+            else:
+                outcome.fits = [name] if name else []
+                if waited:
+                    self.metrics.inc("gpufleet_extender_filter_waits_total")
         if by_name:
             result["NodeNames"] = outcome.fits
         else:

@@ -50,7 +50,13 @@ class Extender:
             settings.lock_wait,
         )
         self.api = ExtenderApi(
-            self.state, self.binder, self.metrics, settings.node_policy, settings.gpu_policy, clock
+            self.state,
+            self.binder,
+            self.metrics,
+            settings.node_policy,
+            settings.gpu_policy,
+            clock,
+            settings.filter_wait,
         )
         self.metrics.add_gauges(self._gauges)
         self._stop = threading.Event()

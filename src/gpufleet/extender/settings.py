@@ -72,6 +72,13 @@ class Settings:
             "help": "most placements held at once (decided, binding, settling); filter refuses past it"
         },
     )
+    filter_wait: float = field(
+        default=2.0,
+        metadata={
+            "help": "seconds filter may wait for a node's queue of hand-offs to shorten when every fitting "
+            "node's is long (0: never; holds the scheduler to the pace of the nodes' hand-offs)"
+        },
+    )
     bind_wait: float = field(
         default=5.0,
         metadata={
@@ -142,11 +149,12 @@ def _validate(s: Settings) -> None:
     for name in durations:
         if getattr(s, name) <= 0:
             raise SettingsError(f"{name} must be positive")
-    if s.lock_wait < 0:
-        raise SettingsError("lock_wait must not be negative")
+    for name in ("lock_wait", "filter_wait"):
+        if getattr(s, name) < 0:
+            raise SettingsError(f"{name} must not be negative")
     if not 1 <= s.max_reservations <= MAX_RESERVATIONS:
         raise SettingsError(f"max_reservations must be from 1 to {MAX_RESERVATIONS}")
-    for name in (*durations, "lock_wait"):
+    for name in (*durations, "lock_wait", "filter_wait"):
         if getattr(s, name) > MAX_SECONDS:
             raise SettingsError(f"{name} must be at most {MAX_SECONDS:g} seconds")
     if not 0 < s.max_body_mib <= MAX_BODY_MIB:
