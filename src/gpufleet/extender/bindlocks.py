@@ -32,8 +32,10 @@ from gpufleet.extender.watchcache import PodRecord
 
 DECIDED, BINDING, SETTLED = "decided", "binding", "settled"
 # A node's hand-off time until binds have measured one (seconds): about what the kubelet and the device
-# plugin take to admit a pod once the watch shows it bound, with the extender's own API calls.
-HANDOFF_PRIOR = 0.5
+# plugin take to admit a pod once the watch shows it bound, with the extender's own API calls; on the high
+# side, since a burst decides many pods before the first hand-off is measured (at 0.5 s, the first seconds
+# of a 1,000-pod burst at load 15 queued binds 5 deep where hand-offs took 3.5 s, and 32 were refused).
+HANDOFF_PRIOR = 1.0
 # Weight of the newest measurement in the running estimate of a hand-off's time.
 HANDOFF_ALPHA = 0.2
 # Share of `bind_wait` a newly decided pod's bind may expect to spend queued for its node: the rest is
@@ -84,8 +86,10 @@ class BindLocks:
         self.reservations: dict[str, Reservation] = {}
         # Node -> how many of its reservations are decided or binding (kept with `reservations`).
         self.queued: dict[str, int] = {}
-        # Running estimate of one hand-off's time on a node, from binds that queued behind another.
+        # Running estimate of one hand-off's time on a node, from binds that queued behind another (the
+        # first measurement replaces the prior).
         self.handoff_seconds = HANDOFF_PRIOR
+        self.handoffs_measured = 0
 
     def _count(self, reservation: Reservation, delta: int) -> None:
         if not reservation.queued:
@@ -181,7 +185,9 @@ class BindLocks:
 
     def note_handoff(self, seconds: float) -> None:
         """A bind that queued behind another on its node held its turn `seconds`: one hand-off's time."""
-        self.handoff_seconds += HANDOFF_ALPHA * (seconds - self.handoff_seconds)
+        weight = HANDOFF_ALPHA if self.handoffs_measured else 1.0
+        self.handoffs_measured += 1
+        self.handoff_seconds += weight * (seconds - self.handoff_seconds)
 
     def ahead(self, node: str, uid: str, lock_uid: str, lock_expires: float, now: float) -> int:
         """How many hand-offs on `node` a new bind of pod `uid` would wait for: this process's decided and
