@@ -41,7 +41,13 @@ from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import Placement, evaluate
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
 from gpufleet.extender.state import ClusterState
-from gpufleet.handoff import ASSIGNMENT_ANNOTATION, BIND_LOCK_ANNOTATION, Assignment, BindLock
+from gpufleet.handoff import (
+    ASSIGNMENT_ANNOTATION,
+    BIND_LOCK_ANNOTATION,
+    Assignment,
+    BindLock,
+    ContainerAssignment,
+)
 from gpufleet.logs import log_event
 
 LOCK_ATTEMPTS = 3
@@ -442,7 +448,7 @@ class Binder:
         req: GpuRequest,
         uid: str,
         node: str,
-        containers: tuple,  # type: ignore[type-arg]
+        containers: tuple[ContainerAssignment, ...],
         pod_version: str,
         lock_expires: float,
     ) -> tuple[Assignment, str]:
