@@ -384,7 +384,9 @@ def main() -> int:
                     if probe.status == 200:
                         conn.request("POST", "/gpufleet/filter", body=filter_body)
                         reply = json.loads(conn.getresponse().read())
-                        if len(reply.get("NodeNames") or []) == args.nodes:
+                        # Every node known and fitting: none failed (since issue 31 the answer names only
+                        # the node chosen; before, all of them).
+                        if reply.get("NodeNames") and not reply.get("FailedNodes"):
                             break
                 except (OSError, http.client.HTTPException, ValueError):
                     conn = None

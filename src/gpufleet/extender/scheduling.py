@@ -10,10 +10,13 @@ verdicts reused per node version.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from gpufleet.extender.bindlocks import DECIDED
 from gpufleet.extender.index import ALL, ERROR, PASS, SHARING, WHOLE, Record, RequestPlan
 from gpufleet.extender.ledger import NodeEntry
 from gpufleet.extender.model import NodeInfo, node_info
@@ -785,3 +788,79 @@ def score_table(
     low = min(ranked.values(), default=0.0)
     high = max(ranked.values(), default=0.0)
     return ScoreTable(order, composite, handing_off, low, high - low)
+
+
+def decide(
+    state: ClusterState,
+    req: GpuRequest,
+    fitting: Candidates,
+    node_policy: Policy,
+    gpu_policy: Policy,
+    patience: float = 0.0,
+) -> tuple[str, bool]:
+    """Choose the one node (and its GPUs) a GPU-memory pod goes to among the candidates that fit it, and
+    reserve that placement (decided) at once: the next pods filter against it, though the scheduler binds
+    this one asynchronously while it decides them. The chosen node's name ("" if none could be placed) and
+    whether the choice waited.
+
+    The choice is prioritize's: the node policy on the utilisation after placement, NVLink and capability
+    wishes (`rules.composites`), ties to the candidates' order. A node where this pod's bind would queue
+    behind more hand-offs than its share of `bind_wait` allows (`BindLocks.busy`) is taken only when no
+    node without such a queue fits as well on what the pod asked for (NVLink, most capable). When every
+    node is busy so, the choice waits up to `patience` seconds for a queue to shorten (binds finishing
+    their turns), which holds the scheduler to the pace the nodes' hand-offs go at instead of sending binds
+    that would wait past `bind_wait` and be refused; then the shortest queue. A pod whose bind is running
+    or done keeps its node. `ReservationsFull` when the reservation table is at its cap.
+    """
+    npolicy = req.node_policy or node_policy
+    gpolicy = req.gpu_policy or gpu_policy
+    multi = req.whole > 1 or any(c.gpus > 1 for c in req.mem)
+    most = req.most_capable
+    names = [_name(c) for c in cast(Sequence[Any], fitting)]
+    order = {name: i for i, name in enumerate(names)}
+    by_name = {_name(c): c for c in cast(Sequence[Any], fitting)}
+    give_up = time.monotonic() + patience
+    waited = False
+    while True:
+        with state.lock:
+            now = state.clock()
+            own = state.reservation(req.uid)
+            if own is not None and own.stage != DECIDED:  # bound or binding: a retry of the scheduler's
+                return (own.usage.node if own.usage.node in names else ""), waited
+            figures, _ = placement_figures(state, req, fitting, gpu_policy, now)
+            composite = composites(figures, npolicy is Policy.BINPACK, multi, most)
+            if not composite:
+                return "", waited
+            locks, index = state.locks, state.index
+            ahead: dict[str, int] = {}
+            for name in composite:
+                r = index.get(name)
+                count = locks.ahead(name, req.uid, r.lock_uid, r.lock_expires, now) if r else 0
+                if locks.busy(count):
+                    ahead[name] = count
+            busy = set(ahead)
+            if busy and (multi or most):
+                busy = _wish_not_better(figures, busy, multi, most)
+
+            def rank(
+                name: str, busy: set[str] = busy, ahead: dict[str, int] = ahead, value: Any = composite
+            ) -> tuple[bool, int, float, int]:
+                queued = name in busy
+                return queued, ahead[name] if queued else 0, -value[name], order.get(name, 0)
+
+            first = min(composite, key=rank)
+            if first not in busy or time.monotonic() >= give_up:
+                for name in itertools.chain((first,), (n for n in sorted(composite, key=rank) if n != first)):
+                    ((_, info, _),) = _infos(state, cast(Candidates, [by_name.get(name, name)]))
+                    if info is None:
+                        continue
+                    verdict = state.plan_and_reserve(req, info, gpolicy, now, DECIDED)
+                    if verdict.placement is not None:
+                        return name, waited
+                return "", waited
+        waited = True
+        time.sleep(DECIDE_POLL)
+
+
+# Seconds between two looks at the queues while a decision waits for one to shorten.
+DECIDE_POLL = 0.02

@@ -24,6 +24,7 @@ CONFIG_VERSION = "v1"
 MAX_SETTINGS_BYTES = 16 * 1024  # every setting with comments fits in 2 KiB; more is not a settings file
 MAX_SECONDS = 86_400.0  # a day: a longer TTL or wait is a typo, and huge ones overflow timer arithmetic
 MAX_BODY_MIB = 4096  # 16x the default, far above a 5000-node cluster's full Nodes list
+MAX_RESERVATIONS = 1_000_000  # about 1 GiB of reservations: more is a typo
 
 
 class SettingsError(ValueError):
@@ -61,9 +62,28 @@ class Settings:
     reservation_ttl: float = field(
         default=300.0, metadata={"help": "seconds a settled reservation waits for the watch to confirm it"}
     )
+    decision_ttl: float = field(
+        default=30.0,
+        metadata={"help": "seconds the placement filter chose for a pod is held for its bind (then dropped)"},
+    )
+    max_reservations: int = field(
+        default=10_000,
+        metadata={
+            "help": "most placements held at once (decided, binding, settling); filter refuses past it"
+        },
+    )
+    filter_wait: float = field(
+        default=2.0,
+        metadata={
+            "help": "seconds filter may wait for a node's queue of hand-offs to shorten when every fitting "
+            "node's is long (0: never; holds the scheduler to the pace of the nodes' hand-offs)"
+        },
+    )
     bind_wait: float = field(
         default=5.0,
-        metadata={"help": "seconds a bind waits for another bind to the same node in this process"},
+        metadata={
+            "help": "seconds a bind waits for its turn behind other binds to the same node in this process"
+        },
     )
     lock_wait: float = field(
         default=3.0,
@@ -125,12 +145,16 @@ def _validate(s: Settings) -> None:
     for name, allowed in _CHOICES.items():
         if getattr(s, name) not in allowed:
             raise SettingsError(f"{name} {getattr(s, name)!r}: choose one of {', '.join(allowed)}")
-    for name in ("lock_ttl", "reservation_ttl", "bind_wait", "api_timeout", "sweep_interval"):
+    durations = ("lock_ttl", "reservation_ttl", "decision_ttl", "bind_wait", "api_timeout", "sweep_interval")
+    for name in durations:
         if getattr(s, name) <= 0:
             raise SettingsError(f"{name} must be positive")
-    if s.lock_wait < 0:
-        raise SettingsError("lock_wait must not be negative")
-    for name in ("lock_ttl", "reservation_ttl", "bind_wait", "lock_wait", "api_timeout", "sweep_interval"):
+    for name in ("lock_wait", "filter_wait"):
+        if getattr(s, name) < 0:
+            raise SettingsError(f"{name} must not be negative")
+    if not 1 <= s.max_reservations <= MAX_RESERVATIONS:
+        raise SettingsError(f"max_reservations must be from 1 to {MAX_RESERVATIONS}")
+    for name in (*durations, "lock_wait", "filter_wait"):
         if getattr(s, name) > MAX_SECONDS:
             raise SettingsError(f"{name} must be at most {MAX_SECONDS:g} seconds")
     if not 0 < s.max_body_mib <= MAX_BODY_MIB:
