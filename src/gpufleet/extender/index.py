@@ -6,8 +6,8 @@ costs one dict lookup and a few comparisons per candidate node, whatever its con
 
 * a node's healthy GPUs fall into few *kinds* (model tokens, compute capability) and a node's kinds into
   a *signature* shared by many nodes; a request's model/capability constraint is decided once per
-  signature (`RequestPlan.mode`), not per node or GPU, so a request shape never seen before is no slower
-  than a familiar one;
+  signature (`placement.RequestPlan.mode`), not per node or GPU, so a request shape never seen before is
+  no slower than a familiar one;
 * a `View` holds what the decisions need of the GPUs that qualify: free and total GiB largest first (fit,
   static misfit, shortfall), and the GPUs in binpack and spread order (which card prioritize would pick).
   The view of all healthy GPUs and, on mixed nodes, the view of each kind are built with the facts; other
@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.extender.model import NodeInfo
-from gpufleet.extender.placement import link, needs, shortfall
-from gpufleet.extender.request import GpuRequest
-from gpufleet.extender.rules import card_key, gpu_busy
+from gpufleet.extender.rules import card_key, gpu_busy, link
 
 # Record codes: what kind of node it is.
 ERROR = 0  # its GPUs cannot be read (NodeInfo.gpu_error): unresolvable for any GPU request
@@ -230,80 +228,6 @@ class ShapeIds:
             found = self._ids[shape] = self._next
             self._next += 1
         return found
-
-
-# RequestPlan.mode: every kind of the signature qualifies.
-ALL = -1
-
-
-class RequestPlan:
-    """What one request needs per signature and per figure, worked out once per request, not per node."""
-
-    __slots__ = (
-        "_short",
-        "_sigs",
-        "_static",
-        "constrained",
-        "count",
-        "messages",
-        "modes",
-        "req",
-        "share",
-        "what",
-    )
-
-    def __init__(self, req: GpuRequest, sigs: Signatures) -> None:
-        self.req = req
-        self._sigs = sigs
-        self.constrained = req.constrained
-        first = req.mem[0] if req.mem else None
-        self.share = first.share if first else 0
-        self.count = first.gpus if first else 0
-        self.what = needs(self.share, self.count)
-        # Signature id -> ALL, 0 (no kind qualifies) or the bit mask of the kinds that do.
-        self.modes: dict[int, int] = {}
-        self.messages: dict[Any, str] = {}
-        self._short: dict[int, str] = {}
-        self._static: dict[int, str] = {}
-
-    def mode(self, sig: int) -> int:
-        """Which of the signature's kinds meet the request's model and capability constraints."""
-        mode = self.modes.get(sig)
-        if mode is None:
-            kinds = self._sigs.kinds[sig]
-            mode = 0
-            if self.constrained:
-                qualifies = self.req.gpu_qualifies
-                for k, (tokens, cc) in enumerate(kinds):
-                    if qualifies(tokens, cc):
-                        mode |= 1 << k
-            if not self.constrained or mode == (1 << len(kinds)) - 1:
-                mode = ALL
-            self.modes[sig] = mode
-        return mode
-
-    def all_qualify(self) -> frozenset[int]:
-        """The signatures (known so far) all of whose kinds qualify."""
-        return frozenset(sig for sig in range(len(self._sigs.kinds)) if self.mode(sig) == ALL)
-
-    def static_misfit(self, biggest: int) -> str:
-        """placement._mem_shortfall(static=True) for a single container; `biggest` -1: no GPU qualifies."""
-        reason = self._static.get(biggest)
-        if reason is None:
-            if biggest >= 0:
-                reason = f"needs {self.what}; the largest qualifying healthy GPU has {biggest} GiB"
-            else:
-                wanted = self.req.describe_constraints()
-                reason = f"no healthy GPU{' with ' + wanted if wanted else ''} (needs {self.what})"
-            self._static[biggest] = reason
-        return reason
-
-    def shortfall(self, most_free: int) -> str:
-        """placement.shortfall for the single container, memoised by the figure it names."""
-        reason = self._short.get(most_free)
-        if reason is None:
-            reason = self._short[most_free] = shortfall(self.share, self.count, most_free)
-        return reason
 
 
 def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: str, whole: int) -> Record:

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from gpufleet.extender.index import Signatures
 from gpufleet.extender.model import Gpu, NodeInfo
 from gpufleet.extender.request import ContainerRequest, GpuRequest, Policy
-from gpufleet.extender.rules import card_key, fits, gpu_busy, node_utilization
+from gpufleet.extender.rules import card_key, fits, gpu_busy, link, node_utilization
 from gpufleet.handoff import SHARING_LABEL, SHARING_MEMORY, ContainerAssignment
-
-# Pair weights for multi-GPU sets: NVLink is what the request is about; a shared NUMA node only breaks ties.
-_NVLINK = 1.0
-_SAME_NUMA = 0.25
 
 # Why a node can never take a request of the other kind.
 NOT_SHARING = f"node does not share GPU memory (label {SHARING_LABEL}={SHARING_MEMORY} absent)"
@@ -52,15 +50,6 @@ class Verdict:
 
 def _fail(reason: str, unresolvable: bool = False) -> Verdict:
     return Verdict(None, reason, unresolvable)
-
-
-def link(a: Gpu, b: Gpu) -> float:
-    """How well two GPUs talk: NVLink beats a shared NUMA node beats nothing."""
-    if b.uuid in a.nvlink_peers or a.uuid in b.nvlink_peers:
-        return _NVLINK
-    if a.numa is not None and a.numa == b.numa:
-        return _SAME_NUMA
-    return 0.0
 
 
 def set_topology(gpus: Sequence[Gpu]) -> float:
@@ -296,3 +285,77 @@ def evaluate(
     if req.kind == "mem":
         return _evaluate_mem(info, used, whole_held, req, gpu_policy, now)
     return _evaluate_whole(info, used, whole_held, req, gpu_policy)
+
+
+# RequestPlan.mode: every kind of the signature qualifies.
+ALL = -1
+
+
+class RequestPlan:
+    """What one request needs per signature and per figure, worked out once per request, not per node."""
+
+    __slots__ = (
+        "_short",
+        "_sigs",
+        "_static",
+        "constrained",
+        "count",
+        "messages",
+        "modes",
+        "req",
+        "share",
+        "what",
+    )
+
+    def __init__(self, req: GpuRequest, sigs: Signatures) -> None:
+        self.req = req
+        self._sigs = sigs
+        self.constrained = req.constrained
+        first = req.mem[0] if req.mem else None
+        self.share = first.share if first else 0
+        self.count = first.gpus if first else 0
+        self.what = needs(self.share, self.count)
+        # Signature id -> ALL, 0 (no kind qualifies) or the bit mask of the kinds that do.
+        self.modes: dict[int, int] = {}
+        self.messages: dict[Any, str] = {}
+        self._short: dict[int, str] = {}
+        self._static: dict[int, str] = {}
+
+    def mode(self, sig: int) -> int:
+        """Which of the signature's kinds meet the request's model and capability constraints."""
+        mode = self.modes.get(sig)
+        if mode is None:
+            kinds = self._sigs.kinds[sig]
+            mode = 0
+            if self.constrained:
+                qualifies = self.req.gpu_qualifies
+                for k, (tokens, cc) in enumerate(kinds):
+                    if qualifies(tokens, cc):
+                        mode |= 1 << k
+            if not self.constrained or mode == (1 << len(kinds)) - 1:
+                mode = ALL
+            self.modes[sig] = mode
+        return mode
+
+    def all_qualify(self) -> frozenset[int]:
+        """The signatures (known so far) all of whose kinds qualify."""
+        return frozenset(sig for sig in range(len(self._sigs.kinds)) if self.mode(sig) == ALL)
+
+    def static_misfit(self, biggest: int) -> str:
+        """placement._mem_shortfall(static=True) for a single container; `biggest` -1: no GPU qualifies."""
+        reason = self._static.get(biggest)
+        if reason is None:
+            if biggest >= 0:
+                reason = f"needs {self.what}; the largest qualifying healthy GPU has {biggest} GiB"
+            else:
+                wanted = self.req.describe_constraints()
+                reason = f"no healthy GPU{' with ' + wanted if wanted else ''} (needs {self.what})"
+            self._static[biggest] = reason
+        return reason
+
+    def shortfall(self, most_free: int) -> str:
+        """placement.shortfall for the single container, memoised by the figure it names."""
+        reason = self._short.get(most_free)
+        if reason is None:
+            reason = self._short[most_free] = shortfall(self.share, self.count, most_free)
+        return reason

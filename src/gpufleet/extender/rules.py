@@ -11,10 +11,15 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpufleet.extender.model import Gpu
+
 # Relative weights of the score terms; NVLink and capability wishes outrank packing when present.
 W_POLICY = 1.0
 W_TOPOLOGY = 2.0
 W_CAPABILITY = 3.0
+# Pair weights for multi-GPU sets: NVLink is what the request is about; a shared NUMA node only breaks ties.
+_NVLINK = 1.0
+_SAME_NUMA = 0.25
 
 
 # ---------------------------------------------------------------------- fit
@@ -27,6 +32,15 @@ def fits(free: Sequence[int], share: int, count: int) -> bool:
 
 
 # ---------------------------------------------------------------------- card pick
+
+
+def link(a: Gpu, b: Gpu) -> float:
+    """How well two GPUs talk: NVLink beats a shared NUMA node beats nothing."""
+    if b.uuid in a.nvlink_peers or a.uuid in b.nvlink_peers:
+        return _NVLINK
+    if a.numa is not None and a.numa == b.numa:
+        return _SAME_NUMA
+    return 0.0
 
 
 def card_key(

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpufleet.extender.bindlocks import DECIDED
-from gpufleet.extender.index import ALL, ERROR, PASS, SHARING, WHOLE, Record, RequestPlan
+from gpufleet.extender.index import ERROR, PASS, SHARING, WHOLE, Record
 from gpufleet.extender.ledger import NodeEntry
 from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import (
+    ALL,
     LEFT_TO_KUBELET,
     NOT_SHARING,
     SHARES_MEMORY,
+    RequestPlan,
     Verdict,
     too_few_free,
     too_few_gpus,
