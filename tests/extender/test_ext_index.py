@@ -280,6 +280,8 @@ class World:
             return {"sharing": False, "labels": {"gpufleet.io/gpu-sharing": "time-slicing"}}
         if draw < 0.09:
             return {"sharing": False, "labels": {"nvidia.com/mig.strategy": "single"}}
+        if draw < 0.11:  # labelled for memory sharing too: its devices are still MIG devices
+            return {"sharing": True, "labels": {"gpufleet.io/mig.strategy": "single"}}
         return {"sharing": draw < sharing}
 
     def _lock(self) -> str | None:

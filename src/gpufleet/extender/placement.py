@@ -212,7 +212,7 @@ def _static_misfit(gpus: Sequence[Gpu], req: GpuRequest, policy: Policy) -> Cont
 def _evaluate_mem(
     info: NodeInfo, used: Mapping[str, int], whole_held: int, req: GpuRequest, policy: Policy, now: float
 ) -> Verdict:
-    if not info.sharing:
+    if not info.sharing or info.passthrough:  # MIG strategy single: its devices are MIG devices
         return _fail(NOT_SHARING, True)
     gpus = qualifying(info, req)
     misfit = _static_misfit(gpus, req, policy)
