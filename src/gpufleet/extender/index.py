@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.extender.model import NodeInfo
@@ -44,10 +44,8 @@ class Record:
     node or its ledger changes. Plain slots: in the hot loops, at 5,000 nodes, reading a field costs what
     indexing a tuple does, and the fields have names."""
 
-    code: int  # ERROR, SHARING or WHOLE
+    code: int  # ERROR, SHARING, WHOLE or PASS
     sig: int  # signature id (Signatures): which kinds of GPU the node has
-    most_free: int  # most free GiB on a healthy GPU (-1: no healthy GPU)
-    largest: int  # largest healthy GPU in GiB (-1: none)
     lock_expires: float  # bind-lock expiry (0.0: no lock)
     lock_uid: str  # the lock holder's pod UID ("": none)
     whole: int  # whole GPUs held by pods at positions unknown to the extender
@@ -62,7 +60,10 @@ class Record:
     total: tuple[int, ...]  # GiB per GPU, largest first
     meshed: bool  # every pair of healthy GPUs NVLinked: every multi-GPU set is perfect
     cap: tuple[int, int, int] | None  # View.cap
-    plain: bool  # shares memory, no whole-GPU pods, no bind-lock (live or not): only the GiB decide
+    # What requests came to on this node version, by request key (an int from ShapeIds, see
+    # `placement.RequestPlan.key_for`): their outcomes on this record and `evaluate`'s. It dies with the
+    # record, when the node or its ledger changes.
+    memo: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class View:
@@ -149,7 +150,6 @@ class NodeFacts:
         "free_p",
         "idle",
         "idle_cap",
-        "memo",
         "n",
         "nums",
         "shape",
@@ -176,10 +176,6 @@ class NodeFacts:
         self.idle_cap = min((shape.caps[p] for p in idle), default=None)
         self.view = View(tuple(range(n)), free_p, shape)
         self.views: dict[int, View] = {shape.full: self.view}
-        # What requests of one shape (an int from ClusterState.shape_ids) came to on this node version:
-        # `evaluate`'s verdicts for requests the index does not decide, prioritize's placement figures
-        # for those it does. They die with this version of the node.
-        self.memo: dict[int, Any] | None = None
         if len(shape.kinds) > 1:
             for k in range(len(shape.kinds)):
                 self.views[1 << k] = View(shape.positions(1 << k), free_p, shape)
@@ -209,7 +205,7 @@ class Signatures:
 
 
 class ShapeIds:
-    """Request shapes (and constraint modes) as small ints, so a node's memo finds a cached verdict by an int,
+    """Request shapes (and constraint modes) as small ints, so a record's memo finds an outcome by an int,
     not by hashing nested tuples per node. One per ClusterState. Ids are never reused: forgetting the table
     (at 4,096 shapes) only costs cache misses."""
 
@@ -237,8 +233,6 @@ def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: st
     return Record(
         code=shape.code,
         sig=shape.sig,
-        most_free=free[0] if free else -1,
-        largest=total[0] if total else -1,
         lock_expires=lock_expires,
         lock_uid=lock_uid,
         whole=whole,
@@ -252,5 +246,4 @@ def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: st
         total=total,
         meshed=shape.meshed,
         cap=view.cap,
-        plain=shape.code == SHARING and not whole and not lock_uid,
     )
