@@ -202,7 +202,7 @@ def rbac_rules(cfg: Config) -> list[dict[str, Any]]:
     if verbs:
         rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": verbs})
     if memory:
-        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]})
+        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]})
     return rules
 
 
