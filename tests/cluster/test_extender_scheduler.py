@@ -354,7 +354,7 @@ class FakeKubelet:
         self.core = k8s.CoreV1Api(api_client)
         self.namespace = namespace
         self.interval = interval
-        resolver = KubernetesPodResolver(self.core)
+        self.resolver = resolver = KubernetesPodResolver(self.core)  # one watch of each node's pods
         options = AllocateOptions(pass_device_specs=False)
         self.handoffs = {
             n.name: MemoryHandoff(resolver, n.name, _constant(n.gpu_infos()), dict, options)
@@ -377,6 +377,7 @@ class FakeKubelet:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
+        self.resolver.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -93,7 +93,7 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
     applied = run_tasks([{MODULE: changed}], tmp_path).task()
     assert applied["changed"]
     rules = _plain(rbac.read_cluster_role(name))["rules"]
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]} in rules
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]} in rules
     assert not _plain(apps.read_namespaced_daemon_set(name, name))["spec"]["template"]["spec"].get(
         "tolerations"
     )

@@ -127,7 +127,7 @@ def _dp_config(config: dict, **over: object) -> Any:
             {"sharing": {"mode": "memory"}},
             [
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]},
             ],
         ),
         ({"labels": {"enabled": False}}, []),
@@ -157,7 +157,7 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
 
 # -- named configurations --------------------------------------------------------------------------
 NODES_GET_PATCH = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
-PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]}
+PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]}
 NAMED = {
     "configs": {
         "default": "training",
