@@ -239,7 +239,7 @@ def _xids(v: Any) -> tuple[int, ...]:
 
 def _resource_name(v: Any) -> str:
     name = as_str(v)
-    domain, _, short = name.partition("/")
+    domain, _slash, short = name.partition("/")
     if not domain or not short or "." not in domain or "/" in short:
         raise ValueError(
             f"expected an extended resource name like vendor.example/name, got {reprlib.repr(v)}"
@@ -549,7 +549,7 @@ def _with_named(
 
 def _label_key(v: Any) -> str:
     key = as_str(v)
-    prefix, _, name = key.rpartition("/")
+    prefix, _slash, name = key.rpartition("/")
     if (
         not name
         or len(name) > 63
