@@ -24,7 +24,10 @@ test: bootstrap
 	$(MAKE) --no-print-directory -j2 -Otarget lint lab-build
 	$(VENV)/pytest -n 3
 
+## The Kubernetes builds the tests need: the cluster tests' (1.37 from its Go modules, `gpufleet cluster
+## build`) and, until the lab moves to kubeadm 1.37, the lab's (1.20 from Debian's source, `gpufleet lab build`).
 lab-build:
+	$(VENV)/gpufleet cluster build
 	$(VENV)/gpufleet lab build
 
 lint:

@@ -33,7 +33,6 @@ it: it changes a node label every 10 s while pods wait (``_wait_settled``'s ``nu
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
@@ -664,15 +663,7 @@ def _service_account_kubeconfig(
             with contextlib.suppress(ApiException):
                 delete(name)
 
-    def token() -> str | None:
-        account = api_json(core.read_namespaced_service_account, "gpufleet-extender", namespace)
-        secrets = account.get("secrets")
-        if not secrets:
-            return None
-        data = api_json(core.read_namespaced_secret, secrets[0]["name"], namespace).get("data") or {}
-        return base64.b64decode(data["token"]).decode() if "token" in data else None
-
-    bearer = wait_for("the extender ServiceAccount's token", token, DEADLINE, interval=0.2)
+    bearer = control_plane.service_account_token(namespace, "gpufleet-extender")
     config = {
         "apiVersion": "v1", "kind": "Config", "current-context": "lab",
         "clusters": [{"name": "lab", "cluster": {"server": control_plane.url,
@@ -725,7 +716,8 @@ def gpu_lab(
             probe = functools.partial(_known, extender, name)
             wait_for(f"node {name} in the extender's cache", probe, DEADLINE, interval=0.2)
         scheduler_name = f"gpufleet-{namespace}"
-        generated = scheduler_config(SchedulerConfigOptions(url=extender.url, api_version="v1beta1",
+        api_version = "v1beta1" if control_plane.legacy else "v1"  # what this kube-scheduler reads
+        generated = scheduler_config(SchedulerConfigOptions(url=extender.url, api_version=api_version,
                                                             scheduler_name=scheduler_name))  # fmt: skip
         scheduler = scheduler_factory(generated, scheduler_name=scheduler_name)
         kubelet = FakeKubelet(control_plane.api_client(), namespace, nodes).start()
