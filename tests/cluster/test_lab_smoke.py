@@ -88,7 +88,7 @@ def test_the_extenders_node_reads_get_metadata_only(
     core: k8s.CoreV1Api, control_plane: ControlPlane, fake_node: Callable[..., k8s.V1Node]
 ) -> None:
     """KubeCluster lists and watches Nodes with an Accept asking for PartialObjectMetadata (its fallback,
-    plain JSON, would work too and hide a server that ignores the ask): 1.20 serves the list as
+    plain JSON, would work too and hide a server that ignores the ask): 1.37 (as 1.20) serves the list as
     PartialObjectMetadataList and watch events as PartialObjectMetadata, annotations in, status out."""
     from gpufleet.extender.kube import NODE_LIST_ACCEPT, NODE_WATCH_ACCEPT, KubeCluster
 

@@ -32,6 +32,8 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 def labelled_namespace(stack: LabStack) -> Iterator[Any]:
     """``labelled_namespace(level)``: a fresh namespace with PSA's enforce label at ``level``; the module
     deployments in it and the namespace are removed after the test."""
+    if stack.control_plane.legacy:  # only with GPUFLEET_K8S_VERSION=1.20
+        pytest.skip(f"Pod Security admission came in 1.25; this lab runs {stack.lab.artifacts.git_version}")
     core = stack.control_plane.core_v1()
     made: list[str] = []
 
@@ -45,6 +47,11 @@ def labelled_namespace(stack: LabStack) -> Iterator[Any]:
     for name in made:
         with contextlib.suppress(ApiException):
             core.delete_namespace(name, grace_period_seconds=0)
+
+
+def _into(stack: LabStack, ns: str, name: str, lab_args: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """Module arguments deploying ``name`` into ``ns``, which the test made (never the module)."""
+    return admin_args(stack, **lab_args) | {"name": name, "namespace": ns, "create_namespace": False} | extra
 
 
 def _warnings(stack: LabStack, namespace: str) -> list[str]:
@@ -61,16 +68,11 @@ def test_the_extender_is_admitted_in_a_restricted_namespace(
     network, which restricted forbids, the module's wait names PodSecurity's refusal."""
     stack.nodes()
     ns = labelled_namespace("restricted")
-    args = admin_args(stack, **lab_extender_args(stack)) | {
-        "name": "gpufleet-extender",
-        "namespace": ns,
-        "create_namespace": False,
-        "host_network": False,  # host namespaces are not for restricted (nor baseline) namespaces
-        "replicas": 1,
-        "node_selector": {"kubernetes.io/hostname": "gpu-a"},
-        "service_type": "ClusterIP",
-        "wait": False,
-    }
+    args = _into(
+        stack, ns, "gpufleet-extender", lab_extender_args(stack),
+        host_network=False,  # host namespaces are not for restricted (nor baseline) namespaces
+        replicas=1, node_selector={"kubernetes.io/hostname": "gpu-a"}, service_type="ClusterIP", wait=False,
+    )  # fmt: skip
     core = stack.control_plane.core_v1()
     try:
         # host network is beyond restricted: the Deployment's ReplicaSet gets no pod, and the wait names why
@@ -106,14 +108,9 @@ def test_the_device_plugin_refused_by_a_baseline_namespace_is_named(
     DaemonSet controller's FailedCreate event with PSA's reason, not only "no pods yet"."""
     stack.nodes()
     ns = labelled_namespace("baseline")
-    args = admin_args(stack, **lab_plugin_args(stack)) | {
-        "name": "gpufleet-device-plugin",
-        "namespace": ns,
-        "create_namespace": False,
-        "node_selector": {"gpufleet.io/lab-gpus": "whole"},
-        "expected_gpus": {"gpu-a": 8},
-        "wait_timeout": 30,
-    }
+    args = _into(stack, ns, "gpufleet-device-plugin", lab_plugin_args(stack),
+                 node_selector={"gpufleet.io/lab-gpus": "whole"}, expected_gpus={"gpu-a": 8},
+                 wait_timeout=30)  # fmt: skip
     try:
         result = run_tasks([{DEVICE_PLUGIN: args}], tmp_path).task()
         assert result["failed"], result
