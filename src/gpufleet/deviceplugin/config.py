@@ -27,9 +27,9 @@ from ..layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
 from ..logs import log_event
 from ..yamlfile import YamlFileError, parse_yaml, read_yaml
 from .api.constants import DEFAULT_SOCKET_DIR, POD_RESOURCES_SOCKET
-from .gfd import DOMAIN as GFD_DOMAIN
-from .gfd import MODES as GFD_MODES
-from .gfd import gfd_profile
+from .gfd_names import DOMAIN as GFD_DOMAIN
+from .gfd_names import MODES as GFD_MODES
+from .gfd_names import gfd_profile
 from .rm.devices import ResourceKind, ResourceSpec
 from .rm.health import DEFAULT_IGNORED_XIDS
 from .rm.model import NodeInventory
