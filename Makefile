@@ -24,7 +24,11 @@ test: bootstrap
 	$(MAKE) --no-print-directory -j2 -Otarget lint lab-build
 	$(VENV)/pytest -n 3
 
+## The Kubernetes build the tests need: the lab's and the test cluster's, both Debian's 1.20 by default
+## (`gpufleet cluster build` builds the same entry). With GPUFLEET_K8S_VERSION=1.37.2 the cluster tests run on
+## 1.37 built from its Go modules (docs/lab-cluster.md), which this then builds too.
 lab-build:
+	$(VENV)/gpufleet cluster build
 	$(VENV)/gpufleet lab build
 
 lint:

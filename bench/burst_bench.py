@@ -13,9 +13,9 @@ and ``--pods`` pods created at once, each asking ``--ask`` GiB of one GPU (``gpu
 - ``extender``: ``gpufleet-extender serve`` as its own process (``--extender-src``: from an older checkout's
   ``src``, for before/after figures from one window), configured by ``gpufleet-extender scheduler-config``'s
   code. The kubelet and device plugin are played for each bound pod as the kubelet's ``Allocate`` would call
-  the plugin: the plugin's own hand-off (``MemoryHandoff``) with the API calls the plugin makes (read the
-  node, list the node's pods, record ``allocated``, release the bind-lock), one pod at a time per node, as
-  soon as the bench's watch shows the pod bound.
+  the plugin: the plugin's own code (``MemoryHandoff`` over ``KubernetesPodResolver``: a watch of each
+  node's pods, per Allocate a GET of the node, the ``allocated`` patch and the bind-lock's release), one pod
+  at a time per node, as soon as the bench's watch shows the pod bound.
 
 Reported per burst: time from the first create to the last bind, binds per second, p50/p90 bind latency
 (pod created -> watch shows it bound), creation time, bind rejections (kube-scheduler's "Binding rejected"
@@ -58,20 +58,16 @@ from kubernetes.client.rest import ApiException
 
 import gpufleet
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
-from gpufleet.deviceplugin.gpumem.resolver import PodView
+from gpufleet.deviceplugin.gpumem.resolver import KubernetesPodResolver
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions
-from gpufleet.deviceplugin.rm.errors import HandoffError
 from gpufleet.deviceplugin.rm.errors import RequestError as PluginRefusal
 from gpufleet.deviceplugin.rm.model import GpuInfo
-from gpufleet.extender.cluster import ApiError, ConflictError
 from gpufleet.extender.kube import KubeCluster
 from gpufleet.extender.schedconfig import SchedulerConfigOptions, scheduler_config
 from gpufleet.handoff import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
-    BIND_LOCK_ANNOTATION,
     Assignment,
-    lock_held_by,
     parse_allocated,
 )
 from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler, create_fake_node
@@ -243,72 +239,21 @@ class Recorder:
 # -- the kubelet and device plugin, played -----------------------------------------------------------------
 
 
-class PluginApi:
-    """The device plugin's ``PodResolver`` for one node, with the calls ``KubernetesPodResolver`` makes (GET
-    the node, LIST the node's pods, PATCH ``allocated`` with the UID as precondition, release the lock with
-    the Node's resourceVersion as precondition), over raw JSON: the typed client's models would cost this
-    process more CPU than the API calls themselves, on the cores the cluster under test uses.
-
-    ``cache``: list the node's pods from the API server's watch cache, at least as fresh as the pod being
-    admitted (``resourceVersion`` of the event that showed it bound), instead of from etcd as the plugin does
-    today: still exact for the decision (every earlier hand-off on the node wrote before that pod was bound),
-    without a read of every pod of the cluster per Allocate. It isolates the extender's own cost."""
-
-    def __init__(self, api: KubeCluster, core: Any, cache: bool) -> None:
-        self.api, self.core, self.cache = api, core, cache
-        self.fresh_as = ""  # the admitted pod's resourceVersion (cache mode)
-
-    def node_annotations(self, node: str) -> Mapping[str, str]:
-        return dict((self.api.get_node(node).get("metadata") or {}).get("annotations") or {})
-
-    def pods_on_node(self, node: str) -> list[PodView]:
-        extra = {"resource_version": self.fresh_as} if self.cache and self.fresh_as else {}
-        try:
-            raw = self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}", _preload_content=False, **extra
-            )
-            items = json.loads(raw.data)["items"]
-        except Exception as exc:
-            raise HandoffError(f"cannot list pods on node {node}: {exc}") from None
-        return [PodView(str(p["metadata"]["uid"]), p["metadata"]["namespace"], p["metadata"]["name"],
-                        (p.get("spec") or {}).get("nodeName") or "",
-                        (p.get("status") or {}).get("phase") or "Pending",
-                        dict(p["metadata"].get("annotations") or {})) for p in items]  # fmt: skip
-
-    def set_allocated(self, pod: PodView, value: str) -> None:
-        try:
-            self.api.patch_pod_annotations(pod.namespace, pod.name, pod.uid, {ALLOCATED_ANNOTATION: value})
-        except ApiError as exc:
-            raise HandoffError(f"cannot record allocation on pod {pod.ref}: {exc}") from None
-
-    def release_lock(self, node: str, uid: str) -> None:
-        for _ in range(5):
-            obj = self.api.get_node(node)
-            meta = obj.get("metadata") or {}
-            if not lock_held_by((meta.get("annotations") or {}).get(BIND_LOCK_ANNOTATION), uid):
-                return
-            try:
-                self.api.patch_node_annotations(
-                    node, {BIND_LOCK_ANNOTATION: None}, str(meta["resourceVersion"])
-                )
-                return
-            except ConflictError:
-                continue
-        raise HandoffError(f"node {node}: could not release {BIND_LOCK_ANNOTATION} after 5 conflicts")
-
-
 class Kubelets:
     """One admission thread per node, as each node's kubelet admits its pods one at a time: each GPU-memory
     container of a bound pod gets the plugin's ``Allocate`` with as many device IDs as it asks GiB."""
 
-    def __init__(self, api: KubeCluster, core: Any, fleet: Fleet, recorder: Recorder, cache: bool) -> None:
+    def __init__(self, core: Any, fleet: Fleet, recorder: Recorder) -> None:
         self.recorder = recorder
         self.errors: list[str] = []
         self.allocated = 0
-        self.resolvers = {n: PluginApi(api, core, cache) for n in fleet.names()}
+        self.allocate_s: list[float] = []  # wall time of each Allocate the plugin answered
+        # The plugin's own resolver, one for the 50 plugins: a watch of each node's pods (as each node's
+        # plugin holds one), the node's GET, the pod's and the node's patches.
+        self.resolver = KubernetesPodResolver(core)
         options = AllocateOptions(pass_device_specs=False)
         self.handoffs = {
-            n: MemoryHandoff(self.resolvers[n], n, (lambda i: lambda: i)(fleet.gpu_infos(n)), dict, options)
+            n: MemoryHandoff(self.resolver, n, (lambda i: lambda: i)(fleet.gpu_infos(n)), dict, options)
             for n in fleet.names()
         }
         self.first_gpu = {n: fleet.uuids(n)[0] for n in fleet.names()}
@@ -327,6 +272,7 @@ class Kubelets:
             q.put(None)
         for thread in self.threads:
             thread.join(10)
+        self.resolver.close()
 
     def admit(self, node: str, uid: str) -> None:
         """Called from the watch (under the recorder's lock) for a bound pod with containers to allocate."""
@@ -341,11 +287,12 @@ class Kubelets:
             with self.recorder.lock:
                 seen = self.recorder.pods.get(uid)
                 todo = seen.assignment.pending(seen.allocated) if seen and seen.assignment else ()
-            self.resolvers[node].fresh_as = seen.version if seen else ""
             for container in todo:
                 ids = [f"{self.first_gpu[node]}::{k}" for k in range(container.gpu_mem_gib)]
                 try:
+                    started = time.monotonic()
                     self.handoffs[node](ids)
+                    self.allocate_s.append(time.monotonic() - started)
                     self.allocated += 1
                 except PluginRefusal as exc:
                     self.errors.append(f"{seen.name if seen else uid}/{container.name}: {exc}")
@@ -446,6 +393,7 @@ class Result:
     overcommitted: int = 0
     unassigned: int = 0
     plugin_refusals: list[str] = field(default_factory=list)
+    allocate_ms: tuple[float, float] | None = None  # the plugin's Allocate, wall p50 / p90
     load: float = 0.0
 
     @property
@@ -478,12 +426,9 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
         recorder = Recorder(args.gpu_gib)
         watch_api = KubeCluster(cp.api_client(), timeout=30)
         plugin_client = cp.api_client()
-        plugin_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 64
-        plugin_core = CoreV1Api(plugin_client)
-        cache = args.plugin_list == "watch-cache"
-        kubelets = Kubelets(
-            KubeCluster(plugin_client, timeout=30), plugin_core, fleet, recorder, cache
-        ).start()
+        # 50 nodes' watches hold a connection each, and up to 50 hand-offs call at once.
+        plugin_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 128
+        kubelets = Kubelets(CoreV1Api(plugin_client), fleet, recorder).start()
         recorder.admit = kubelets.admit
         stop = threading.Event()
         watcher = threading.Thread(target=watch_api.watch, args=(recorder, stop), daemon=True)
@@ -550,6 +495,9 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
             result.reasons = extender.bind_failures()
             extender.daemon.stop()
         result.plugin_refusals = kubelets.errors
+        if kubelets.allocate_s:
+            walls = sorted(kubelets.allocate_s)
+            result.allocate_ms = (1000 * statistics.median(walls), 1000 * walls[int(len(walls) * 0.9)])
         if args.keep_logs:
             target = Path(args.keep_logs) / f"{mode}-{pods}-{int(time.time())}"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -594,8 +542,14 @@ def report(results: list[Result], label: str) -> str:
             f"{_s(r.last_bind_s)} s | {_s(r.binds_per_s)} | {_s(r.p50_s)} / {_s(r.p90_s)} s | "
             f"{r.rejected} | {reasons} | {cpus} | {_s(per_bind)} | {r.nodes_used} | {r.overcommitted} |"
         )
-    notes = [f"{r.mode} {r.pods}: {len(r.plugin_refusals)} Allocate refusals, {r.unassigned} bound without "
-             f"assignment, {r.sched_errors} other scheduling errors, load {r.load:.1f} at start"
+
+    def allocates(r: Result) -> str:
+        if r.allocate_ms is None:
+            return ""
+        return f" (Allocate p50 / p90 {r.allocate_ms[0]:.0f} / {r.allocate_ms[1]:.0f} ms)"
+
+    notes = [f"{r.mode} {r.pods}: {len(r.plugin_refusals)} Allocate refusals{allocates(r)}, {r.unassigned} "
+             f"bound without assignment, {r.sched_errors} other scheduling errors, load {r.load:.1f} at start"
              for r in results]  # fmt: skip
     return "\n".join([*lines, "", *notes])
 
@@ -622,11 +576,6 @@ def main() -> int:
     parser.add_argument("--extender-src", help="run the extender from this src/ (an older checkout)")
     parser.add_argument("--extender-setting", action="append", default=[], metavar="FLAG=VALUE",
                         help="a flag for `gpufleet-extender serve`, e.g. lock-wait=3")  # fmt: skip
-    parser.add_argument(
-        "--plugin-list", choices=("quorum", "watch-cache"), default="quorum",
-        help="how the device plugin stand-in lists a node's pods per Allocate: from etcd, as the plugin "
-        "does today, or from the API server's watch cache (see PluginApi)",
-    )  # fmt: skip
     parser.add_argument("--create-threads", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a burst may take")
     parser.add_argument(
@@ -640,7 +589,6 @@ def main() -> int:
     artifacts = artifacts_from(args)
     src = args.extender_src or str(Path(gpufleet.__file__).resolve().parents[1])
     label = args.label or f"Kubernetes {artifacts.git_version or artifacts.version}, extender from {src}"
-    label += f", plugin lists {args.plugin_list}"
     print(f"{label}: {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_gib} GiB, pods ask {args.ask} GiB",
           file=sys.stderr)  # fmt: skip
     results = []

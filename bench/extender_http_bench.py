@@ -264,7 +264,7 @@ def _pod_for_create(obj: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def real_api_server(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Path, int]]:
-    """The lab's etcd and kube-apiserver (the Kubernetes build `make lab` caches) holding the bench's objects,
+    """The test cluster's etcd and kube-apiserver (`gpufleet cluster build`'s) holding the bench's objects,
     created through the API: (kubeconfig, pod count). A created pod is Pending (no kubelet runs it), which
     the extender counts as it counts a running one."""
     from kubernetes import client

@@ -13,7 +13,8 @@ each configuration advertises and calls.
 
 - node labels/annotation (``labels.enabled``, the default): nodes get, patch;
 - GPU-memory sharing (``sharing.mode: memory``, in the file or in any named configuration) also: pods list,
-  get, patch (the hand-off, docs/handoff.md);
+  watch (the hand-off's watch of the node's pods, docs/handoff.md), get (the telemetry's pod assignments),
+  patch (``allocated``);
 - named configurations (``configs``): nodes list, watch (the plugin watches its own Node for the label) and
   events create in ``default`` (its refusal and switch events, where the kubelet records a node's events);
 - none of these: no role at all and no service account token in the pod.
@@ -202,7 +203,7 @@ def rbac_rules(cfg: Config) -> list[dict[str, Any]]:
     if verbs:
         rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": verbs})
     if memory:
-        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]})
+        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]})
     return rules
 
 

@@ -147,7 +147,12 @@ def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dic
         # The kubelet would export the Service "gpufleet-extender" as GPUFLEET_EXTENDER_SERVICE_HOST etc.,
         # which the extender reads as (unknown) settings and refuses to start.
         "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+        # what Pod Security's "restricted" level asks (deploy/extender/deployment.yaml sets the same)
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": volumes,
     }

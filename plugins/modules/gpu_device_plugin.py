@@ -212,7 +212,9 @@ notes:
   - Runs against the Kubernetes API, so it normally runs once on the controller (C(delegate_to), C(run_once)).
   - Quantities in O(resources) should be given as the API server writes them back (C(100m), C(64Mi)), else every
     run reports a change.
-  - Tested against a Kubernetes 1.20 API server and kubelet built from Debian's source, with simulated GPUs.
+  - Tested against Kubernetes 1.37 (API server and kubelet built from its Go modules, on containerd 1.6 CRI v1),
+    with simulated GPUs; also runs against 1.20. The plugin's hostPath volumes need a namespace that Pod
+    Security admission lets run C(privileged) pods.
   - Under C(mig.strategy) V(single) or V(mixed) the capacity wait asks each node for a positive count of the GPU
     resource, not one per GPU, as what a node advertises depends on its MIG layout. Settings overridden with
     O(env) are not followed.

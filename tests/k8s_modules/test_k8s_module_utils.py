@@ -12,6 +12,7 @@ import pytest
 import yaml
 from labstack import REPO, ensure_collection_link
 
+from gpufleet_harness.cluster.k8s_build import NEWEST_K8S_VERSION
 from gpufleet_harness.cluster.staticpod import write_kubeadm_manifest
 
 ensure_collection_link()
@@ -65,7 +66,9 @@ def test_merge_patch_changes_only_what_differs_and_drops_what_was_removed() -> N
 # -- kube-scheduler manifest -----------------------------------------------------------------------
 def test_manifest_surgery_is_idempotent_and_reversible(tmp_path: Path) -> None:
     path = tmp_path / "kube-scheduler.yaml"
-    original = yaml.safe_load(write_kubeadm_manifest(path, Path("/etc/kubernetes/scheduler.conf"), 10259))
+    original = yaml.safe_load(
+        write_kubeadm_manifest(path, Path("/etc/kubernetes/scheduler.conf"), 10259, f"v{NEWEST_K8S_VERSION}")
+    )
     once = k8s_schedconfig.with_config(original, "/etc/kubernetes/gs.yaml", "h1")
     assert k8s_schedconfig.with_config(once, "/etc/kubernetes/gs.yaml", "h1") == once
     assert once["spec"]["containers"][0]["command"][-1] == "--config=/etc/kubernetes/gs.yaml"
@@ -127,7 +130,7 @@ def _dp_config(config: dict, **over: object) -> Any:
             {"sharing": {"mode": "memory"}},
             [
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]},
             ],
         ),
         ({"labels": {"enabled": False}}, []),
@@ -157,7 +160,7 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
 
 # -- named configurations --------------------------------------------------------------------------
 NODES_GET_PATCH = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
-PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]}
+PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]}
 NAMED = {
     "configs": {
         "default": "training",

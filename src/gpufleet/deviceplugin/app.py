@@ -86,6 +86,7 @@ class App:
             self.metrics,
         )
         self.resolver = resolver
+        self._own_resolver: PodResolver | None = None  # made here (not injected): closed at the end
         self.core_v1 = core_v1
         self.supervisor: Supervisor | None = None
         self.ready = asyncio.Event()
@@ -156,6 +157,9 @@ class App:
                     switch.clear()
                     self._apply_switch(publisher)
         finally:
+            if self._own_resolver is not None:
+                self._own_resolver.close()
+                self.resolver = self._own_resolver = None
             if watcher:
                 watcher.stop()
             if publisher:
@@ -235,14 +239,18 @@ class App:
         for spec in self.specs:
             allocator = None
             if spec.kind is ResourceKind.MEMORY:
-                resolver = self.resolver or KubernetesPodResolver(self._api())
+                if self.resolver is None:
+                    # One per process, kept across configuration switches: its watch of the node's pods
+                    # stays synced. Closed when the plugin stops (`run`).
+                    self.resolver = self._own_resolver = KubernetesPodResolver(self._api())
                 allocator = MemoryHandoff(
-                    resolver,
+                    self.resolver,
                     cfg.node_name,
                     lambda: self.rm.inventory().by_uuid(),
                     self.rm.gpu_health,
                     opts,
                     self.metrics,
+                    resource=spec.name,
                 )
             service = DevicePluginService(spec, self.rm, wakeup, opts, self.metrics, allocator)
             servers.append(PluginServer(service, cfg.socket_dir))

@@ -27,9 +27,9 @@ from ..layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
 from ..logs import log_event
 from ..yamlfile import YamlFileError, parse_yaml, read_yaml
 from .api.constants import DEFAULT_SOCKET_DIR, POD_RESOURCES_SOCKET
-from .gfd import DOMAIN as GFD_DOMAIN
-from .gfd import MODES as GFD_MODES
-from .gfd import gfd_profile
+from .gfd_names import DOMAIN as GFD_DOMAIN
+from .gfd_names import MODES as GFD_MODES
+from .gfd_names import gfd_profile
 from .rm.devices import ResourceKind, ResourceSpec
 from .rm.health import DEFAULT_IGNORED_XIDS
 from .rm.model import NodeInventory
@@ -239,7 +239,7 @@ def _xids(v: Any) -> tuple[int, ...]:
 
 def _resource_name(v: Any) -> str:
     name = as_str(v)
-    domain, _, short = name.partition("/")
+    domain, _slash, short = name.partition("/")
     if not domain or not short or "." not in domain or "/" in short:
         raise ValueError(
             f"expected an extended resource name like vendor.example/name, got {reprlib.repr(v)}"
@@ -549,7 +549,7 @@ def _with_named(
 
 def _label_key(v: Any) -> str:
     key = as_str(v)
-    prefix, _, name = key.rpartition("/")
+    prefix, _slash, name = key.rpartition("/")
     if (
         not name
         or len(name) > 63

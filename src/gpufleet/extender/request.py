@@ -46,7 +46,7 @@ class Policy(StrEnum):
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:
     """`value` when it is a JSON object (None counts as empty); RequestError otherwise."""
-    if type(value) is dict:  # what JSON decodes to: no abstract-class check
+    if isinstance(value, dict):  # what JSON decodes to
         return value
     if value is None:
         return {}
@@ -178,7 +178,7 @@ def whole_gpus(spec: Mapping[str, Any]) -> int:
         _count(c.get("resources"), WHOLE_GPU_RESOURCE, f"container {preview(c.get('name'))}")
         for c in _objects(spec.get("containers"), "spec.containers")
     ]
-    return max(max(init, default=0), sum(app))
+    return max([*init, sum(app)])
 
 
 def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:

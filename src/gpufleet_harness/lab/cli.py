@@ -14,7 +14,7 @@ from typing import Any
 from gpufleet.handoff import MIG_RESOURCE_PREFIX
 from gpufleet_harness.cluster.cli import add_build_command
 
-from .spec import LabSpec
+from .spec import LAB_K8S_VERSION, LabSpec
 
 
 def _spec(args: argparse.Namespace) -> LabSpec:
@@ -70,8 +70,7 @@ def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
     doc = doc or status(spec)
     print(f"lab {doc['name']}: {'up' if doc['up'] else 'NOT up'}"
           f"{'' if doc['supervisor'] else ' (control plane not running)'}")  # fmt: skip
-    print(f"{'host':<18} {'container':<28} {'runtime':<10} {'state':<9} {'node':<9} {'GPUs':>4}  "
-          "MIG devices")
+    print(f"{'host':<18} {'container':<28} {'runtime':<10} {'state':<9} {'node':<9} {'GPUs':>4}  MIG devices")
     for name, host in doc["hosts"].items():
         node = "Ready" if host["node_ready"] else "-"
         migs = host.get("allocatable_mig", {})
@@ -105,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lab = subparsers.add_parser("lab", help="the simulated GPU fleet: podman hosts + Kubernetes (root)",
                                 description=__doc__)  # fmt: skip
     sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
-    build = add_build_command(sub)
+    build = add_build_command(sub, LAB_K8S_VERSION)
     build.add_argument("--images", action="store_true", help="also build the lab's host and gpufleet images")
     build.set_defaults(func=cmd_build_all)
     for name, func, text in (

@@ -30,7 +30,7 @@ from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.testhosts.podman import podman
 
 from . import hostsetup
-from .spec import GATEWAY, LABEL, SIM_DIR, LabSpec
+from .spec import GATEWAY, LAB_K8S_VERSION, LABEL, SIM_DIR, LabSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,7 +101,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     from .hostimage import ensure_host_image
 
     progress("Kubernetes binaries (built once, cached by version)")
-    _timed(timings, "kubernetes build or cache", ensure_k8s)
+    _timed(timings, "kubernetes build or cache", lambda: ensure_k8s(LAB_K8S_VERSION))
     progress(
         "images: lab host (Debian 12, systemd, docker, containerd) and gpufleet (device plugin, extender)"
     )

@@ -8,7 +8,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet_harness.cluster.k8s_build import DEBIAN_K8S
+
 PROJECT = Path(__file__).resolve().parents[3]
+# The Kubernetes `gpufleet lab up` and `gpufleet lab build` use: still Debian's 1.20 (its hosts' kubelets
+# take 1.20 flags, one host runs dockershim; see hostsetup). The test cluster and its tests run
+# k8s_build.DEFAULT_K8S_VERSION (also 1.20 for now; GPUFLEET_K8S_VERSION=1.37.2 for 1.37); this moves to 1.37
+# when the lab moves to kubeadm (issue 32).
+LAB_K8S_VERSION = DEBIAN_K8S
 SIM_DIR = "/etc/gpufleet-sim"  # inside every host: where the simulated driver's files are installed
 # slirp4netns maps the machine's loopback to this address inside a container (allow_host_loopback=true).
 GATEWAY = "10.0.2.2"

@@ -38,7 +38,7 @@ from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_ma
 from gpufleet_harness.prometheus import Prometheus, ScrapeTarget
 from gpufleet_harness.testhosts.aptrepo import RepoServer, build_repo
 
-from .spec import GATEWAY
+from .spec import GATEWAY, LAB_K8S_VERSION
 
 log = logging.getLogger("gpufleet_harness.lab.supervisor")
 
@@ -63,7 +63,7 @@ def serve(state_dir: Path, hosts: list[str], scrape: dict[str, int] | None = Non
     repo = build_repo(state_dir / "apt-repo")
     repo_server = RepoServer(repo.root).start()
     runner: StaticPodRunner | None = None
-    lab = Lab(ensure_k8s(build=False), state_dir / "cluster")
+    lab = Lab(ensure_k8s(LAB_K8S_VERSION, build=False), state_dir / "cluster")
     targets = [ScrapeTarget(f"127.0.0.1:{port}", {"node": host}) for host, port in (scrape or {}).items()]
     prometheus = Prometheus(state_dir / "prometheus", targets, SCRAPE_INTERVAL_S)
     try:
@@ -75,7 +75,7 @@ def serve(state_dir: Path, hosts: list[str], scrape: dict[str, int] | None = Non
         (secure_port,) = free_ports(1)
         manifests = state_dir / "manifests"
         manifest = manifests / "kube-scheduler.yaml"
-        write_kubeadm_manifest(manifest, scheduler_kubeconfig, secure_port)
+        write_kubeadm_manifest(manifest, scheduler_kubeconfig, secure_port, lab.artifacts.git_version)
         runner = StaticPodRunner(manifest, lab.artifacts.binary("kube-scheduler"), lab.logs).start()
         nodes = {
             host: {"cert": str(cp.users[f"system:node:{host}"].cert.cert),  # type: ignore[union-attr]
