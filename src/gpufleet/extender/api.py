@@ -24,7 +24,7 @@ from gpufleet.extender.scheduling import (
     MAX_PRIORITY,
     Candidates,
     ScoreTable,
-    decide,
+    choose,
     filter_nodes,
     score_table,
 )
@@ -166,7 +166,7 @@ class ExtenderApi:
                     c for c in candidates if not isinstance(c, str) and c["metadata"]["name"] in fit_names
                 ]
             try:
-                name, waited = decide(
+                name, waited = choose(
                     self.state, req, chosen, self.node_policy, self.gpu_policy, self.filter_wait
                 )
             except ReservationsFull as exc:
@@ -207,7 +207,7 @@ class ExtenderApi:
         decision. The bytes are exactly `json.dumps(filter(args), separators=(",", ":"))`.
         """
         result = self.filter(args)
-        self._keys.trim(2 * len(self.state.index) + 1000)
+        self._keys.trim(2 * self.state.node_count() + 1000)
         self._reasons.trim(10_000)
         keys, reasons = self._keys, self._reasons
         parts = []
@@ -232,7 +232,7 @@ class ExtenderApi:
         At 5,000 nodes, building and encoding one dict per node cost more than the decision.
         """
         table = self._table(args)
-        self._hosts.trim(2 * len(self.state.index) + 1000)
+        self._hosts.trim(2 * self.state.node_count() + 1000)
         return ("[" + ",".join(table.encode(self._hosts, _SCORE_TAILS)) + "]").encode()
 
     def _table(self, args: Any) -> ScoreTable:

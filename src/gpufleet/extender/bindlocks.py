@@ -4,7 +4,7 @@ keep a pod off.
 A reservation is this process's claim for one pod, keyed by its UID, authoritative over what the pod's
 annotations say. It goes through three stages:
 
-- ``decided``: filter chose the pod's node and GPUs (`gpufleet.extender.scheduling.decide`); the pods
+- ``decided``: filter chose the pod's node and GPUs (`gpufleet.extender.scheduling.choose`); the pods
   decided after it see the GiB taken at once, although the scheduler binds asynchronously. It lives until
   its bind begins, the pod is deleted or bound by someone else, or `decision_ttl` passes (the scheduler
   never called bind: the pod was preempted, another plugin refused it, the scheduler restarted);

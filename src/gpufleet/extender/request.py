@@ -132,6 +132,12 @@ class GpuRequest:
         return bool(self.models) or self.min_cc is not None
 
     @property
+    def multi(self) -> bool:
+        """Whether the pod takes several GPUs for one container (or whole GPUs): the score then weighs how
+        well they are linked."""
+        return self.whole > 1 or any(c.gpus > 1 for c in self.mem)
+
+    @property
     def max_share(self) -> int:
         """The largest per-GPU share among the containers (0 for whole-GPU requests)."""
         return max((c.share for c in self.mem), default=0)

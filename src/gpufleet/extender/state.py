@@ -14,15 +14,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from gpufleet.extender import inspection
 from gpufleet.extender.bindlocks import BINDING, DECIDED, BindLocks, Reservation
-from gpufleet.extender.index import Record, ShapeIds, Signatures
+from gpufleet.extender.index import Record, Signatures
 from gpufleet.extender.ledger import GpuLedger, NodeEntry, PodUsage, observed_claim
-from gpufleet.extender.model import NodeInfo
-from gpufleet.extender.placement import Placement, Verdict, evaluate
+from gpufleet.extender.model import NodeInfo, node_info
+from gpufleet.extender.placement import Placement, RequestPlan, Verdict, evaluate
 from gpufleet.extender.request import GpuRequest, Policy
 from gpufleet.extender.watchcache import Complaints, PodRecord, WatchCache
 
@@ -70,10 +70,10 @@ class ClusterState:
             lock_ttl, lock_wait, reservation_ttl, decision_ttl, max_reservations, bind_wait
         )
         self._waiters = _Waiters()
-        # What filter and prioritize read (gpufleet.extender.index), kept by the ledger.
+        # The ledger's index and GPU kinds (gpufleet.extender.index), for tests and inspection: the
+        # decisions ask `records` and `plan`.
         self.index: dict[str, Record] = self.gpus.index
         self.signatures: Signatures = self.gpus.signatures
-        self.shape_ids: ShapeIds = self.gpus.shape_ids
 
     @property
     def lock_ttl(self) -> float:
@@ -246,6 +246,71 @@ class ClusterState:
     def entry(self, name: str) -> NodeEntry | None:
         """The node's entry (call with `lock` held to read it consistently)."""
         return self.gpus.entries.get(name)
+
+    def records(self) -> Mapping[str, Record]:
+        """Every known node's index record, by name: what the decisions read of it (call with `lock` held;
+        see gpufleet.extender.index)."""
+        return self.gpus.index
+
+    def node_count(self) -> int:
+        """How many nodes are indexed."""
+        return len(self.gpus.index)
+
+    def node_info(self, name: str) -> NodeInfo | None:
+        """The node as last watched, parsed (call with `lock` held)."""
+        entry = self.gpus.entries.get(name)
+        return entry.info if entry is not None else None
+
+    def current(self, obj: Mapping[str, Any]) -> str | None:
+        """The name of a Node object whose very version (resourceVersion) the cache holds and indexes; None
+        for any other (newer, unknown, unnamed) (call with `lock` held)."""
+        name, entry = self._cached(obj)
+        return name if entry is not None and name in self.gpus.index else None
+
+    def parse_node(self, obj: Mapping[str, Any]) -> tuple[str, NodeInfo | None, str]:
+        """A Node object's name and parsed info (the cached parse when the cache holds its resourceVersion:
+        the very object `node_info` returns), or None with why it cannot be read (call with `lock` held)."""
+        name, entry = self._cached(obj)
+        if entry is not None:
+            return name, entry.info, ""
+        try:
+            # A newer Node: its GPUs are parsed again only if their annotation changed.
+            return name, node_info(obj, self.node_info(name)), ""
+        except ValueError as exc:
+            return name, None, str(exc)
+
+    def _cached(self, obj: Mapping[str, Any]) -> tuple[str, NodeEntry | None]:
+        """A Node object's name, and its entry if the cache holds this very version of it."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        entry = self.gpus.entries.get(name)
+        if (
+            entry is not None
+            and entry.info is not None
+            and entry.info.resource_version == str(meta.get("resourceVersion") or "")
+        ):
+            return name, entry
+        return name, None
+
+    def plan(self, req: GpuRequest, policy: Policy) -> RequestPlan:
+        """The request as the decisions on this state's index records ask it, with the GPU policy that
+        applies (call with `lock` held)."""
+        return RequestPlan(req, policy, self.gpus.signatures, self.gpus.shape_ids.id, self.lock_blocks)
+
+    def queues(self, nodes: Collection[str], locked: Iterable[str], uid: str, now: float) -> dict[str, int]:
+        """The `nodes` where a new bind of pod `uid` would wait behind more hand-offs than its share of
+        `bind_wait` allows (`BindLocks.busy`), with how many (`BindLocks.ahead`): only nodes with binds of
+        this process queued or with a live bind-lock of another pod (`locked`, every such node of `nodes`)
+        can be (call with `lock` held)."""
+        ahead: dict[str, int] = {}
+        locks, index = self.locks, self.gpus.index
+        for name in (*locks.queued, *locked):
+            if name in nodes and name not in ahead:
+                r = index.get(name)
+                count = locks.ahead(name, uid, r.lock_uid, r.lock_expires, now) if r else 0
+                if locks.busy(count):
+                    ahead[name] = count
+        return ahead
 
     def entries(self) -> dict[str, NodeEntry]:
         """All entries (call with `lock` held)."""
