@@ -113,13 +113,13 @@ def test_oci_wrapper_clamps_only_negative_oom_score_adj(tmp_path: Path) -> None:
     assert json.loads(config.read_text())["process"]["oomScoreAdj"] == 500
 
 
-def test_the_default_kubernetes_is_debians_1_20_and_1_37_is_the_module_build(
+def test_the_default_kubernetes_is_the_module_build_and_1_20_is_debians(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GPUFLEET_K8S_VERSION", raising=False)
     monkeypatch.setattr(k8s_build, "available_source_version", lambda: "1.20.5+really1.20.2-1.1+deb12u1")
-    assert k8s_build.resolve_version() == "1.20.5+really1.20.2-1.1+deb12u1"
-    assert k8s_build.resolve_version(k8s_build.NEWEST_K8S_VERSION) == "1.37.2"
+    assert k8s_build.resolve_version() == k8s_build.DEFAULT_K8S_VERSION == k8s_build.NEWEST_K8S_VERSION
+    assert k8s_build.DEFAULT_K8S_VERSION == "1.37.2"
     assert k8s_build.resolve_version("1.20") == "1.20.5+really1.20.2-1.1+deb12u1"
     monkeypatch.setenv("GPUFLEET_K8S_VERSION", "1.20")
     assert k8s_build.resolve_version() == "1.20.5+really1.20.2-1.1+deb12u1"
