@@ -32,7 +32,7 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 def labelled_namespace(stack: LabStack) -> Iterator[Any]:
     """``labelled_namespace(level)``: a fresh namespace with PSA's enforce label at ``level``; the module
     deployments in it and the namespace are removed after the test."""
-    if stack.control_plane.legacy:  # the default 1.20 (GPUFLEET_K8S_VERSION=1.37.2 runs these)
+    if stack.control_plane.legacy:  # only with GPUFLEET_K8S_VERSION=1.20
         pytest.skip(f"Pod Security admission came in 1.25; this lab runs {stack.lab.artifacts.git_version}")
     core = stack.control_plane.core_v1()
     made: list[str] = []

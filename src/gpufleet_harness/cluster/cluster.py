@@ -3,10 +3,9 @@ kube-scheduler (optionally with extenders), fake nodes and real kubelet nodes
 (:mod:`gpufleet_harness.cluster.node`).
 
 The daemons are those of the build handed in (:class:`~gpufleet_harness.cluster.k8s_build.K8sArtifacts`):
-Kubernetes 1.37 from its Go modules with its etcd 3.7 (``GPUFLEET_K8S_VERSION=1.37.2``), or 1.20 from
-Debian's source with Debian's etcd 3.4 (the default until a cold 1.37 build fits CI, and what ``gpufleet lab
-up`` runs). The few flags and formats that differ between
-the two are chosen here by the build's minor version (:func:`legacy`).
+Kubernetes 1.37 from its Go modules with its etcd 3.7 by default, or (``GPUFLEET_K8S_VERSION=1.20``, and
+still what ``gpufleet lab up`` runs) 1.20 from Debian's source with Debian's etcd 3.4. The few flags and
+formats that differ between the two are chosen here by the build's minor version (:func:`legacy`).
 
 Everything lives in one :class:`Lab`: a fresh directory (``/tmp/gpufleet-lab-<id>`` by default), ports
 chosen free at start, and a cleanup stack run by :meth:`Lab.close` (also on ``with`` exit and at

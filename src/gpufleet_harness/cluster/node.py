@@ -1,4 +1,4 @@
-"""A real kubelet node: the build's kubelet (1.37, or the default 1.20) on containerd 1.6 through CRI v1,
+"""A real kubelet node: the build's kubelet (1.37 by default, or 1.20) on containerd 1.6 through CRI v1,
 isolated from the host. With the 1.20 build the kubelet takes flags instead of a KubeletConfiguration file,
 and can run on dockerd 20.10 through its dockershim (``runtime="docker"``; removed from the kubelet in 1.24).
 
