@@ -24,7 +24,11 @@ test: bootstrap
 	$(MAKE) --no-print-directory -j2 -Otarget lint lab-build
 	$(VENV)/pytest -n 3
 
+## The Kubernetes build the tests need: 1.37.2 from its Go modules, one cache entry for the test cluster
+## (`gpufleet cluster build`) and the lab (`gpufleet lab build`); GPUFLEET_K8S_VERSION=1.20 would add
+## Debian's 1.20 for the cluster tests (docs/lab-cluster.md).
 lab-build:
+	$(VENV)/gpufleet cluster build
 	$(VENV)/gpufleet lab build
 
 lint:

@@ -1,14 +1,14 @@
 """The extender beside a hostile pod: filter latency over HTTP before, while and after a pod asking
-`gpufleet.io/gpu-mem: 1e20000000` enters a real Kubernetes 1.20 API server, and start-up with it present.
+`gpufleet.io/gpu-mem: 1e20000000` enters a real Kubernetes API server, and start-up with it present.
 
     .venv/bin/python bench/hostile_bench.py [--nodes 300] [--rounds 400]
     PYTHONPATH=/path/to/older/src .venv/bin/python bench/hostile_bench.py   # an older extender
 
-Needs the lab's Kubernetes build (`gpufleet lab build`). The bench starts etcd and kube-apiserver on
-loopback (gpufleet_harness.cluster), creates `--nodes` kubelet-less nodes that share GPU memory (8 x
-A100-80GB each, published in `gpufleet.io/gpus`), and runs the extender against it with its real watch. A
-client on a keep-alive connection sends `filter` in NodeNames mode for a pod asking 10 GiB, one call after
-another:
+Needs the test cluster's Kubernetes build (`gpufleet cluster build`: 1.37; GPUFLEET_K8S_VERSION=1.20 for
+Debian's). The bench starts etcd and kube-apiserver on loopback (gpufleet_harness.cluster), creates
+`--nodes` kubelet-less nodes that share GPU memory (8 x A100-80GB each, published in `gpufleet.io/gpus`),
+and runs the extender against it with its real watch. A client on a keep-alive connection sends `filter` in
+NodeNames mode for a pod asking 10 GiB, one call after another:
 - "before": the hostile pod does not exist;
 - "while": calls run while the hostile pod is created and the watch delivers it (the review measured
   filters stalled 18.9 s here: the old parser raised ten to the twenty-millionth power under the GIL);
@@ -34,7 +34,7 @@ from gpufleet.extender.server import make_server
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
 from gpufleet_harness.cluster.cluster import Lab
-from gpufleet_harness.cluster.k8s_build import cached
+from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s
 
 HOSTILE = "1e20000000"
 GPUS_PER_NODE = 8
@@ -134,9 +134,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=400)
     args = parser.parse_args()
-    artifacts = cached()
-    if artifacts is None:
-        raise SystemExit("no Kubernetes build in the cache: run `gpufleet lab build` first")
+    try:
+        artifacts = ensure_k8s(build=False)
+    except BuildError as err:
+        raise SystemExit(f"{err}: run `gpufleet cluster build` first") from None
     with Lab(artifacts) as lab:
         cp = lab.start_control_plane(controller_manager=False)
         core = cp.core_v1()

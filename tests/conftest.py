@@ -216,10 +216,11 @@ def stack(sim_lib: Path) -> Iterator[LabStack]:
     tests/k8s_modules and tests/validation: control plane on first use, the GPU nodes on ``stack.nodes()``,
     tests/cluster's ``lab-node`` on first use of ``kubelet_node``. Everything stops at session end.
 
-    Needs root and the Kubernetes 1.20 binaries built from Debian's source (``gpufleet lab build``; built
-    now if missing, ~8 min, then cached). Fails, never skips, when either is missing. Tests that change the
-    cluster (objects, node labels, the lab's scheduler) undo it: the next test may be from another folder.
-    Set ``GPUFLEET_LAB_KEEP=1`` to keep the lab directory (logs, configs) after the run.
+    Needs root and the Kubernetes binaries: 1.37 built from its Go modules (``gpufleet cluster build``; built
+    now if missing, then cached), or the build ``GPUFLEET_K8S_VERSION`` names (``1.20``: Debian's source).
+    Fails, never skips, when either is missing. Tests that change the cluster (objects, node labels, the lab's
+    scheduler) undo it: the next test may be from another folder. Set ``GPUFLEET_LAB_KEEP=1`` to keep the lab
+    directory (logs, configs) after the run.
     """
     from labstack import LabStack
 

@@ -7,45 +7,50 @@ ClusterRoleBinding (only when the plugin needs the API), Role and RoleBinding in
 named configurations), ConfigMap (the plugin's config file), DaemonSet. RBAC follows what the plugin calls
 (src/gpufleet/deviceplugin/labels.py, gpumem/resolver.py, nodeconfig.py):
 
+The plugin's configuration is read by the plugin's own loader (``module_utils/deviceplugin/config.py``, a
+link to the package's file): the module checks with it the exact file it deploys, and asks the Config what
+each configuration advertises and calls.
+
 - node labels/annotation (``labels.enabled``, the default): nodes get, patch;
 - GPU-memory sharing (``sharing.mode: memory``, in the file or in any named configuration) also: pods list,
-  get, patch (the hand-off, docs/handoff.md);
+  watch (the hand-off's watch of the node's pods, docs/handoff.md), get (the telemetry's pod assignments),
+  patch (``allocated``);
 - named configurations (``configs``): nodes list, watch (the plugin watches its own Node for the label) and
   events create in ``default`` (its refusal and switch events, where the kubelet records a node's events);
 - none of these: no role at all and no service account token in the pod.
 
-With named configurations the node label picks each node's configuration: ``node_configs`` sets it (the
-module records what it set in a node annotation, and removes only labels it set), and the capacity wait
-expects on each node what the configuration its label picks serves.
+With named configurations the node label picks each node's configuration: ``node_configs`` sets it
+(k8s_nodelabels), and the capacity wait expects on each node what the configuration its label picks serves.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import os
 import posixpath
 import re
 import reprlib
-import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin.api.constants import (
+    DEFAULT_SOCKET_DIR as SOCKET_DIR,
+)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import (
-    MERGE_PATCH,
     ApplyResult,
-    Change,
     apply,
-    apply_patch,
     delete,
-    project,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import RESOURCES, Kube, KubeError
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import (
+    WORKLOAD_ARGS,
+    checked_config,
+    config_text,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_nodelabels import label_nodes
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
     POLL_SECONDS,
     WaitTimeout,
@@ -59,13 +64,15 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
     why_not_on_node,
 )
 
+if TYPE_CHECKING:  # the loader is imported when used: it needs PyYAML, which the module checks for first
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin.config import (
+        Advertised,
+        Config,
+    )
+
 CONFIG_KEY = "config.yaml"
 CONFIG_DIR = "/etc/gpufleet"
-SOCKET_DIR = "/var/lib/kubelet/device-plugins"
 CONFIG_HASH_ANNOTATION = "gpufleet.io/config-sha256"
-# The kubelet's PodResources socket (the plugin's telemetry.pod_resources_socket default): its directory is
-# mounted where telemetry serves pod labels.
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_TOLERATIONS = [
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
@@ -73,16 +80,11 @@ DEFAULT_TOLERATIONS = [
 DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 MAX_EXPECTED_GPUS = 4096  # GPUs on one node; any more is a typo (and multiplies into a device count)
 _COUNT_TEXT = re.compile(r"\s*[0-9]{1,9}\s*")  # int() of a long digit string costs quadratic time
-# The plugin's own spelling of booleans in its config file (src/gpufleet/deviceplugin/config.py).
-_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
-# Named configurations, as the plugin reads and follows them (src/gpufleet/deviceplugin/config.py, app.py,
-# nodeconfig.py): the label that picks one, where the plugin publishes the running one, where its events go.
-DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
-DEFAULT_LABEL_PREFIX = "gpufleet.io"
-RUNNING_CONFIG_LABEL = "device-plugin.config"  # under labels.prefix
+# Where the plugin posts its events about named configurations (src/gpufleet/deviceplugin/nodeconfig.py,
+# which imports kubernetes and so is not linked here), as the kubelet does a node's.
 EVENT_NAMESPACE = "default"
-# On a Node: the "<label>=<value>" this module set; it removes only a label it set that still has that value.
-CONFIG_LABEL_OWNER = "gpufleet.io/device-plugin.config-label"
+# NODE_NAME while the loader checks the file: the DaemonSet gives each plugin its node's name (downward API).
+CHECK_NODE_NAME = "validation"
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -129,18 +131,6 @@ class ParameterError(ValueError):
     """The parameters contradict each other or the plugin's configuration is invalid."""
 
 
-@dataclass(frozen=True)
-class PluginShape:
-    """What the plugin's configuration implies for RBAC and the capacity wait."""
-
-    resource: str
-    per_gpu: int | None  # devices per GPU; None when it is not a fixed number (GPU memory: GiB per GPU)
-    labels: bool
-    memory: bool
-    metrics_port: int
-    pod_resources_dir: str = ""  # the kubelet's PodResources directory to mount ("": telemetry has no use)
-
-
 def plugin_config(params: Mapping[str, Any]) -> dict[str, Any]:
     """The plugin's config file: the module's ``plugin_config`` plus what the deployment pins."""
     cfg = copy.deepcopy(dict(params["plugin_config"] or {}))
@@ -155,12 +145,16 @@ def plugin_config(params: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    """``doc[name]`` when it is a mapping (absent or null: empty); ParameterError naming it otherwise."""
-    value = doc.get(name.rsplit(".", 1)[-1]) or {}
-    if not isinstance(value, Mapping):
-        raise ParameterError(f"plugin_config.{name} must be a mapping, got {type(value).__name__}")
-    return value
+def load_config(doc: Mapping[str, Any]) -> Config:
+    """The Config the plugin starts with from the file the module deploys for ``doc`` (plugin_config()), as
+    the plugin's own loader reads it: every named configuration merged and checked. ParameterError naming
+    each problem, before anything is written."""
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin import config as dpconfig
+
+    def load(text: str) -> Config:
+        return dpconfig.from_text(text, "plugin_config", {"NODE_NAME": CHECK_NODE_NAME})
+
+    return checked_config(doc, load, dpconfig.ConfigError, ParameterError, "plugin_config is invalid")
 
 
 def _count(value: Any, what: str, lo: int, hi: int) -> int:
@@ -174,216 +168,59 @@ def _count(value: Any, what: str, lo: int, hi: int) -> int:
     return value
 
 
-def _flag(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    raise ParameterError(f"{what}: expected true or false, got {type(value).__name__}")
+def served(cfg: Config) -> list[Config]:
+    """The configurations a node may serve: each named one, else the file's."""
+    return list(cfg.named.values()) or [cfg]
 
 
-def _name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ParameterError(f"{what}: expected a resource name, got {type(value).__name__}")
-    return value
+def pick(cfg: Config, node: Mapping[str, Any] | None) -> tuple[str, str | None]:
+    """The named configuration the plugin serves on ``node``, picked by its label as the plugin picks it
+    (Config.select), and a warning when the label names an unknown one: the plugin then keeps the one it
+    runs (published under Config.running_label with labels enabled), the default at start."""
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin.config import ConfigError
 
-
-def shape_of(cfg: Mapping[str, Any]) -> PluginShape:
-    """Resource name, devices per GPU, API needs and telemetry's mount, from the plugin config (defaults as
-    the plugin's); ParameterError when a value the module reads here has the wrong type or range."""
-    shape = _resource_shape(cfg)
-    return dataclasses.replace(shape, pod_resources_dir=_pod_resources_dir(cfg, shape.metrics_port))
-
-
-def _pod_resources_dir(cfg: Mapping[str, Any], port: int) -> str:
-    """Where the kubelet's PodResources socket is, when the plugin serves GPU series with pod labels: with
-    an HTTP port, telemetry enabled (the default) and a socket configured (the default one)."""
-    telemetry = _section(cfg, "telemetry")
-    enabled = _flag(telemetry.get("enabled", True), "plugin_config.telemetry.enabled")
-    socket = telemetry.get("pod_resources_socket", POD_RESOURCES_SOCKET)
-    if not isinstance(socket, str) or (socket and not socket.startswith("/")):
-        raise ParameterError(
-            "plugin_config.telemetry.pod_resources_socket: an absolute path or empty, "
-            f"got {reprlib.repr(socket)}"
-        )
-    return posixpath.dirname(socket) if port and enabled and socket else ""
-
-
-def _resource_shape(cfg: Mapping[str, Any]) -> PluginShape:
-    sharing = _section(cfg, "sharing")
-    mode = sharing.get("mode", "none")
-    labels = _flag(_section(cfg, "labels").get("enabled", True), "plugin_config.labels.enabled")
-    port = _count(_section(cfg, "http").get("port", 0) or 0, "plugin_config.http.port", 0, 65535)
-    if mode == "memory":
-        memory = _section(sharing, "sharing.memory")
-        name = _name(
-            memory.get("resource_name", "gpufleet.io/gpu-mem"), "plugin_config.sharing.memory.resource_name"
-        )
-        return PluginShape(name, None, labels, True, port)
-    base = _name(cfg.get("resource_name", "nvidia.com/gpu"), "plugin_config.resource_name")
-    if mode == "time-slicing":
-        ts = _section(sharing, "sharing.time_slicing")
-        replicas = _count(ts.get("replicas", 2), "plugin_config.sharing.time_slicing.replicas", 1, 1024)
-        rename = ts.get("rename") or base
-        return PluginShape(
-            _name(rename, "plugin_config.sharing.time_slicing.rename"), replicas, labels, False, port
-        )
-    if mode != "none":
-        raise ParameterError(
-            f"plugin_config.sharing.mode: none, time-slicing or memory, got {reprlib.repr(mode)}"
-        )
-    # MIG strategy mixed: GPUs in MIG mode are not whole GPUs; single: every device is a MIG device. How
-    # many depends on the layout, not on the GPU count.
-    mig = _section(cfg, "mig").get("strategy", "none")
-    return PluginShape(base, 1 if mig in ("none", None) else None, labels, False, port)
-
-
-@dataclass(frozen=True)
-class NamedConfigs:
-    """The plugin's named configurations as the module needs them: the label that picks one per node, the
-    default, each one's shape, and the label where the plugin publishes the one it runs (labels enabled)."""
-
-    label: str
-    default: str
-    shapes: Mapping[str, PluginShape]
-    running_label: str | None
-
-    def pick(self, node: Mapping[str, Any] | None) -> tuple[str, str | None]:
-        """The configuration the plugin serves on ``node``, as the plugin picks it, and a warning when the
-        node's label names an unknown one (the plugin then keeps the one it runs: the default at start)."""
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-        wanted = labels.get(self.label) or self.default
-        if wanted in self.shapes:
-            return wanted, None
-        running = labels.get(self.running_label) if self.running_label else None
-        kept = str(running) if running in self.shapes else self.default
-        known = ", ".join(sorted(self.shapes))
-        return (
-            kept,
-            f"label {self.label}={wanted} names no configuration (known: {known}); the plugin keeps {kept!r}",
-        )
-
-
-def _nested(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` with dotted keys (``sharing.mode: x``: the plugin's file accepts them) as nested mappings."""
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        *path, last = str(key).split(".")
-        here = out
-        for part in path:
-            if not isinstance(here.get(part), dict):
-                here[part] = {}
-            here = here[part]
-        here[last] = _overlay(here.get(last), _nested(value)) if isinstance(value, Mapping) else value
-    return out
-
-
-def _overlay(base: Any, top: Any) -> Any:
-    """``top`` over ``base``: mappings merged key by key, anything else replaced."""
-    if not isinstance(base, Mapping) or not isinstance(top, Mapping):
-        return copy.deepcopy(top)
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _overlay(base.get(key), value)
-    return out
-
-
-def named_configs(cfg: Mapping[str, Any]) -> NamedConfigs | None:
-    """The file's ``configs`` section (None without one): each named configuration over the file's base;
-    ParameterError when its shape is wrong (the plugin's own loader checks the rest, when installed here)."""
-    section = cfg.get("configs")
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise ParameterError("plugin_config.configs must be a mapping with label, default and named")
-    named = section.get("named")
-    if not isinstance(named, Mapping) or not named:
-        raise ParameterError(
-            "plugin_config.configs.named: expected a mapping of configuration names to settings"
-        )
-    label = _name(section.get("label", DEFAULT_CONFIG_LABEL), "plugin_config.configs.label")
-    default = section.get("default")
-    if default not in named:
-        raise ParameterError(
-            f"plugin_config.configs.default: expected one of {', '.join(sorted(map(str, named)))}, "
-            f"got {reprlib.repr(default)}"
-        )
-    base = _nested({k: v for k, v in cfg.items() if k != "configs"})
-    shapes = {}
-    for name, doc in named.items():
-        if doc is not None and not isinstance(doc, Mapping):
-            raise ParameterError(f"plugin_config.configs.named.{name} must be a mapping of settings")
-        try:
-            shapes[str(name)] = shape_of(_overlay(base, _nested(doc or {})))
-        except ParameterError as exc:
-            raise ParameterError(f"{exc} (in configs.named.{name})") from None
-    running = None
-    if _flag(_section(base, "labels").get("enabled", True), "plugin_config.labels.enabled"):
-        prefix = _section(base, "labels").get("prefix") or DEFAULT_LABEL_PREFIX
-        running = f"{prefix}/{RUNNING_CONFIG_LABEL}"
-    return NamedConfigs(label, str(default), shapes, running)
-
-
-def default_shape(cfg: Mapping[str, Any]) -> PluginShape:
-    """The shape of what a node without a configuration label gets: the file's, or its default named one."""
-    named = named_configs(cfg)
-    return named.shapes[named.default] if named else shape_of(cfg)
-
-
-def validate_with_plugin(cfg: Mapping[str, Any]) -> None:
-    """Check the config with the plugin's own loader (linked, see module_utils/deviceplugin). Raises
-    ParameterError on an invalid config."""
-    import yaml
-    from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin import config as dpconfig
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-        yaml.safe_dump(dict(cfg), fh)
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
     try:
-        dpconfig.build(None, {"GPUFLEET_DP_CONFIG": fh.name, "NODE_NAME": "validation"})
-    except dpconfig.ConfigError as exc:
-        raise ParameterError(
-            "plugin_config is invalid: " + str(exc).replace(fh.name, "plugin_config")
-        ) from None
-    finally:
-        os.unlink(fh.name)
+        return cfg.select(labels.get(cfg.config_label)).config_name, None
+    except ConfigError as exc:
+        running = labels.get(cfg.running_label) if cfg.labels_enabled else None
+        kept = str(running) if running in cfg.named else cfg.config_default
+        return kept, f"{exc}; the plugin keeps {kept!r}"
 
 
 def _labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "device-plugin"}
 
 
-def rbac_rules(shape: PluginShape, named: NamedConfigs | None = None) -> list[dict[str, Any]]:
+def rbac_rules(cfg: Config) -> list[dict[str, Any]]:
     """The least the plugin needs at cluster scope (empty: it never calls the API). With named
     configurations, any of which a node may switch to, their union, and the watch on its own Node."""
-    shapes = list(named.shapes.values()) if named else [shape]
-    memory = any(s.memory for s in shapes)
-    verbs = ["get", "patch"] if shape.labels or memory else []
-    if named:
+    memory = any(c.sharing_mode == "memory" for c in served(cfg))
+    verbs = ["get", "patch"] if cfg.labels_enabled or memory else []
+    if cfg.named:
         verbs += ["list", "watch"]
     rules: list[dict[str, Any]] = []
     if verbs:
         rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": verbs})
     if memory:
-        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]})
+        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]})
     return rules
 
 
-def event_rules(named: NamedConfigs | None) -> list[dict[str, Any]]:
+def event_rules(cfg: Config) -> list[dict[str, Any]]:
     """What the plugin needs in ``default``: creating its node events, with named configurations only."""
-    return [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}] if named else []
+    return [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}] if cfg.named else []
 
 
 def build_objects(
-    params: Mapping[str, Any], cfg: Mapping[str, Any]
+    params: Mapping[str, Any], doc: Mapping[str, Any], cfg: Config
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(objects to apply, objects that must not exist) for DaemonSet mode."""
-    import yaml
-
+    """(objects to apply, objects that must not exist) for DaemonSet mode: ``doc`` is the config file
+    (plugin_config()), ``cfg`` what the plugin makes of it (load_config())."""
     name, ns = params["name"], params["namespace"]
-    shape, named = shape_of(cfg), named_configs(cfg)
     labels = _labels(name)
-    config_text = yaml.safe_dump(dict(cfg), sort_keys=True)
-    rules = rbac_rules(shape, named)
+    text = config_text(doc)
+    rules = rbac_rules(cfg)
     subjects = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
     namespace_obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
     account: dict[str, Any] = {
@@ -394,12 +231,12 @@ def build_objects(
     }
     role, binding = _role_and_binding("ClusterRole", {"name": name, "labels": labels}, rules, subjects)
     event_meta = {"name": name, "namespace": EVENT_NAMESPACE, "labels": labels}
-    event_role, event_binding = _role_and_binding("Role", event_meta, event_rules(named), subjects)
+    event_role, event_binding = _role_and_binding("Role", event_meta, event_rules(cfg), subjects)
     configmap = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "data": {CONFIG_KEY: config_text},
+        "data": {CONFIG_KEY: text},
     }
     daemonset = {
         "apiVersion": "apps/v1",
@@ -412,28 +249,28 @@ def build_objects(
                 "metadata": {
                     "labels": labels,
                     "annotations": {
-                        CONFIG_HASH_ANNOTATION: hashlib.sha256(config_text.encode()).hexdigest(),
-                        **scrape_annotations(shape),
+                        CONFIG_HASH_ANNOTATION: hashlib.sha256(text.encode()).hexdigest(),
+                        **scrape_annotations(cfg),
                     },
                 },
-                "spec": pod_spec(params, shape),
+                "spec": pod_spec(params, cfg),
             },
         },
     }
     wanted = ([namespace_obj] if params["create_namespace"] else []) + [account]
     unwanted: list[dict[str, Any]] = []
     (wanted if rules else unwanted).extend([role, binding])
-    (wanted if named else unwanted).extend([event_role, event_binding])
+    (wanted if cfg.named else unwanted).extend([event_role, event_binding])
     wanted += [configmap, daemonset]
     return wanted, unwanted
 
 
-def scrape_annotations(shape: PluginShape) -> dict[str, str]:
+def scrape_annotations(cfg: Config) -> dict[str, str]:
     """The annotations a Prometheus scrape config keys on (deploy/prometheus/scrape-config.yaml), where the
     plugin serves /metrics."""
-    if not shape.metrics_port:
+    if not cfg.http_port:
         return {}
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(shape.metrics_port),
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(cfg.http_port),
             "prometheus.io/path": "/metrics"}  # fmt: skip
 
 
@@ -470,7 +307,7 @@ def _role_and_binding(
     return role, binding
 
 
-def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
+def pod_spec(params: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
     """The DaemonSet's pod: plugin container, kubelet socket dir, the host's /dev, the config file."""
     host_root = params["host_root"]
     mounts = [
@@ -483,11 +320,12 @@ def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
         {"name": "host-dev", "hostPath": {"path": os.path.join(host_root, "dev")}},
         {"name": "config", "configMap": {"name": params["name"]}},
     ]
-    if shape.pod_resources_dir:
+    pod_resources_dir = posixpath.dirname(cfg.pod_resources_in_use) if cfg.pod_resources_in_use else ""
+    if pod_resources_dir:
         # Read-only, as dcgm-exporter's chart mounts it: connect() on a unix socket works through a read-only
         # bind mount (checked on this machine's kernel). The kubelet creates the directory.
-        mounts.append({"name": "pod-resources", "mountPath": shape.pod_resources_dir, "readOnly": True})
-        volumes.append({"name": "pod-resources", "hostPath": {"path": shape.pod_resources_dir}})
+        mounts.append({"name": "pod-resources", "mountPath": pod_resources_dir, "readOnly": True})
+        volumes.append({"name": "pod-resources", "hostPath": {"path": pod_resources_dir}})
     for extra in params["extra_volumes"]:
         mounts.append(
             {
@@ -511,8 +349,8 @@ def pod_spec(params: Mapping[str, Any], shape: PluginShape) -> dict[str, Any]:
     }
     if params["command"]:
         container["command"] = list(params["command"])
-    if shape.metrics_port:
-        container["ports"] = [{"name": "metrics", "containerPort": shape.metrics_port}]
+    if cfg.http_port:
+        container["ports"] = [{"name": "metrics", "containerPort": cfg.http_port}]
         container["livenessProbe"] = {
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "initialDelaySeconds": 30,
@@ -544,95 +382,36 @@ def gpu_counts(params: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def devices(gpus: int | None, shape: PluginShape) -> int | None:
-    """The count a node with ``gpus`` GPUs advertises under ``shape`` (None: any positive count)."""
-    return None if gpus is None or shape.per_gpu is None else gpus * shape.per_gpu
+def devices(gpus: int | None, advertised: Advertised) -> int | None:
+    """The count a node with ``gpus`` GPUs advertises (Config.advertised(); None: any positive count)."""
+    return None if gpus is None or advertised.per_gpu is None else gpus * advertised.per_gpu
 
 
-def expected_counts(params: Mapping[str, Any], shape: PluginShape) -> dict[str, int | None]:
+def expected_counts(params: Mapping[str, Any], advertised: Advertised) -> dict[str, int | None]:
     """{node: expected count of the advertised resource} from ``expected_gpus`` (None: any positive)."""
-    return {node: devices(gpus, shape) for node, gpus in gpu_counts(params).items()}
+    return {node: devices(gpus, advertised) for node, gpus in gpu_counts(params).items()}
 
 
 # -- the node label that picks a named configuration ------------------------------------------------
-def node_config_names(params: Mapping[str, Any], named: NamedConfigs | None) -> dict[str, str | None]:
+def node_config_names(params: Mapping[str, Any], cfg: Config) -> dict[str, str | None]:
     """``node_configs`` checked against the named configurations: {node: name, or None for no label}."""
     out: dict[str, str | None] = {}
     for node, name in (params["node_configs"] or {}).items():
         if name is None or name == "":
             out[str(node)] = None
-        elif named is None:
+        elif not cfg.named:
             raise ParameterError(
                 f"node_configs.{node}: {reprlib.repr(name)} names a configuration, "
                 "but plugin_config has no named configurations (configs)"
             )
-        elif str(name) not in named.shapes:
+        elif str(name) not in cfg.named:
             raise ParameterError(
                 f"node_configs.{node}: unknown device plugin configuration {reprlib.repr(name)}; "
-                f"known: {', '.join(sorted(named.shapes))}"
+                f"known: {', '.join(sorted(cfg.named))}"
             )
         else:
             out[str(node)] = str(name)
     return out
-
-
-def config_label_patch(node: Mapping[str, Any], label: str | None, value: str | None) -> dict[str, Any]:
-    """The merge patch giving ``node`` the label ``label=value`` and recording it as this module's (value
-    None: no label of this module's); empty when nothing changes. A label the module did not set, or whose
-    value someone changed since, is never removed: the annotation recording it goes instead."""
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    owned = (meta.get("annotations") or {}).get(CONFIG_LABEL_OWNER) or ""
-    old_key, old_value = owned.partition("=")[::2]
-    record = f"{label}={value}" if label and value is not None else ""
-    new_labels: dict[str, str | None] = {}
-    if old_key and labels.get(old_key) == old_value and (not record or old_key != label):
-        new_labels[old_key] = None
-    if record and labels.get(str(label)) != value:
-        new_labels[str(label)] = value
-    patch: dict[str, Any] = {}
-    if new_labels:
-        patch["labels"] = new_labels
-    if owned != record:
-        patch["annotations"] = {CONFIG_LABEL_OWNER: record or None}
-    return {"metadata": patch} if patch else {}
-
-
-def label_nodes(
-    kube: Kube, wanted: Mapping[str, str | None], named: NamedConfigs | None, check_mode: bool
-) -> ApplyResult:
-    """Give each node of ``wanted`` its configuration label (None: remove the one this module set)."""
-    result = ApplyResult()
-    nodes = RESOURCES["Node"]
-    label = named.label if named else None
-    for name, value in sorted(wanted.items()):
-        node = kube.get(nodes, name)
-        if node is None:
-            if value is None:
-                continue
-            error = KubeError(f"node_configs.{name}: no such node in the cluster (to label {label}={value})")
-            error.partial = result
-            raise error
-        patch = config_label_patch(node, label, value)
-        if not patch:
-            if value is not None:
-                result.changes.append(Change("Node", name, None, "unchanged"))
-            continue
-        before = project(node, patch)
-        if not check_mode:
-            try:
-                kube.request(
-                    "PATCH",
-                    nodes.path(None, name),
-                    body=patch,
-                    content_type=MERGE_PATCH,
-                    what=("patch", nodes.display, None, name),
-                )
-            except KubeError as exc:
-                exc.partial = result
-                raise
-        result.changes.append(Change("Node", name, None, "updated", before, apply_patch(before, patch)))
-    return result
 
 
 class CapacityExplainer:
@@ -705,22 +484,21 @@ def reconcile(kube: Kube, params: Mapping[str, Any], check_mode: bool) -> ApplyR
 
     In systemd mode only the node labels are the module's: the node-side install is the role's job.
     """
-    cfg = plugin_config(params)
-    named = named_configs(cfg)
+    doc = plugin_config(params)
+    cfg = load_config(doc)
+    label = cfg.config_label if cfg.named else None
     daemonset = params["mode"] == "daemonset"
-    wanted, unwanted = build_objects(params, cfg) if daemonset else ([], [])
+    wanted, unwanted = build_objects(params, doc, cfg) if daemonset else ([], [])
     wanted = runtime_class_objects(params) + wanted  # before the pods that may name it
     if params["state"] == "absent":
         timeout = params["wait_timeout"] if params["wait"] else 0
         removed = delete(kube, wanted + unwanted, check_mode=check_mode, wait_timeout=timeout)
         ours = dict.fromkeys(map(str, params["node_configs"] or {}))  # every label this module set goes
-        removed.changes += label_nodes(kube, ours, named, check_mode).changes
+        removed.changes += label_nodes(kube, ours, label, check_mode).changes
         return removed
-    picks = node_config_names(params, named)
-    if daemonset:
-        validate_with_plugin(cfg)
+    picks = node_config_names(params, cfg)
     # Labels first: a new plugin pod finds its node's label at start, not at some later moment.
-    result = label_nodes(kube, picks, named, check_mode)
+    result = label_nodes(kube, picks, label, check_mode)
     try:
         applied = apply(kube, wanted, check_mode=check_mode)
     except KubeError as exc:
@@ -736,8 +514,7 @@ def wait_ready(kube: Kube, params: Mapping[str, Any]) -> tuple[dict[str, dict[st
     """Rollout done (DaemonSet mode) and every target node reports the expected capacity and allocatable;
     (per node what it reports, warnings). With named configurations each node is expected to serve what
     the configuration its label picks serves."""
-    cfg = plugin_config(params)
-    shape, named = shape_of(cfg), named_configs(cfg)
+    cfg = load_config(plugin_config(params))
     daemonset = None
     if params["mode"] == "daemonset":
         daemonset = wait_rollout(
@@ -746,22 +523,23 @@ def wait_ready(kube: Kube, params: Mapping[str, Any]) -> tuple[dict[str, dict[st
     gpus: dict[str, int | None] = dict(gpu_counts(params))
     if not gpus:
         gpus = dict.fromkeys(_nodes_running_the_plugin(kube, params, daemonset))
-    if named is None:
-        expected = {node: devices(count, shape) for node, count in gpus.items()}
-        explain = CapacityExplainer(kube, params, daemonset, lambda n, _: (shape.resource, expected[n]))
-        return wait_node_resources(kube, shape.resource, expected, params["wait_timeout"], explain), []
+    if not cfg.named:
+        advertised = cfg.advertised()
+        expected = {node: devices(count, advertised) for node, count in gpus.items()}
+        explain = CapacityExplainer(kube, params, daemonset, lambda n, _: (advertised.resource, expected[n]))
+        return wait_node_resources(kube, advertised.resource, expected, params["wait_timeout"], explain), []
 
     def target(node_name: str, node: dict[str, Any] | None) -> tuple[str, int | None]:
-        picked = named.shapes[named.pick(node)[0]]
+        picked = cfg.named[pick(cfg, node)[0]].advertised()
         return picked.resource, devices(gpus[node_name], picked)
 
     explain = CapacityExplainer(kube, params, daemonset, target)
-    return wait_named_resources(kube, named, gpus, params["wait_timeout"], explain)
+    return wait_named_resources(kube, cfg, gpus, params["wait_timeout"], explain)
 
 
 def wait_named_resources(
     kube: Kube,
-    named: NamedConfigs,
+    cfg: Config,
     gpus: Mapping[str, int | None],
     timeout: float,
     explain: CapacityExplainer,
@@ -772,16 +550,16 @@ def wait_named_resources(
     deadline = time.monotonic() + timeout
     while True:
         seen = {n: kube.get(RESOURCES["Node"], n) for n in gpus}
-        picked = {n: named.pick(node) for n, node in seen.items()}
-        shapes = {n: named.shapes[pick[0]] for n, pick in picked.items()}
+        picked = {n: pick(cfg, node) for n, node in seen.items()}
+        wanted = {n: cfg.named[picked[n][0]].advertised() for n in gpus}
         short = [
-            n for n in gpus if not reports_resource(seen[n], shapes[n].resource, devices(gpus[n], shapes[n]))
+            n for n in gpus if not reports_resource(seen[n], wanted[n].resource, devices(gpus[n], wanted[n]))
         ]
         left = deadline - time.monotonic()
         if not short or left <= 0:
             break
         time.sleep(min(2 * POLL_SECONDS, left))
-    warnings = [f"node {n}: {pick[1]}" for n, pick in sorted(picked.items()) if pick[1]]
+    warnings = [f"node {n}: {picked[n][1]}" for n in sorted(picked) if picked[n][1]]
     if short:
         reasons = [f"{n} (configuration {picked[n][0]}): {explain(n, seen[n])}" for n in sorted(short)]
         raise WaitTimeout(
@@ -791,9 +569,9 @@ def wait_named_resources(
     return {
         n: {
             "config": picked[n][0],
-            "resource": shapes[n].resource,
-            "capacity": resource_count(node or {}, "capacity", shapes[n].resource),
-            "allocatable": resource_count(node or {}, "allocatable", shapes[n].resource),
+            "resource": wanted[n].resource,
+            "capacity": resource_count(node or {}, "capacity", wanted[n].resource),
+            "allocatable": resource_count(node or {}, "allocatable", wanted[n].resource),
         }
         for n, node in seen.items()
     }, warnings

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import reprlib
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult, apply, delete
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import Kube
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS, checked_config
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import wait_rollout
 
 SETTINGS_KEY = "extender.yaml"
@@ -92,21 +90,16 @@ def settings_doc(params: Mapping[str, Any]) -> dict[str, Any]:
 def validate_with_extender(doc: Mapping[str, Any]) -> None:
     """Check the settings with the extender's own loader (linked, see module_utils/extender), TLS files
     aside: they live in the Secret. Raises ParameterError."""
-    import yaml
     from ansible_collections.gpufleet.nvidia.plugins.module_utils.extender.settings import (
         SettingsError,
         load_settings,
     )
 
+    def load(text: str) -> object:
+        return load_settings("settings", env={}, text=text)
+
     checked = {k: v for k, v in doc.items() if not k.startswith("tls_")}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-        yaml.safe_dump(checked, fh)
-    try:
-        load_settings(fh.name, env={})
-    except SettingsError as exc:
-        raise ParameterError("settings are invalid: " + str(exc).replace(fh.name, "settings")) from None
-    finally:
-        os.unlink(fh.name)
+    checked_config(checked, load, SettingsError, ParameterError, "settings are invalid")
 
 
 def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -154,7 +147,12 @@ def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dic
         # The kubelet would export the Service "gpufleet-extender" as GPUFLEET_EXTENDER_SERVICE_HOST etc.,
         # which the extender reads as (unknown) settings and refuses to start.
         "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+        # what Pod Security's "restricted" level asks (deploy/extender/deployment.yaml sets the same)
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": volumes,
     }

@@ -1,8 +1,8 @@
 # Copyright: gpufleet contributors
 # Apache License 2.0 (see the repository's pyproject.toml)
 """What gpufleet's Kubernetes modules share around ``AnsibleModule``: the in-cluster deployment's common
-options, the check for the kubernetes library, and connect-then-reconcile with the objects reported even
-when it fails part way.
+options, the check for the kubernetes library, the check of a service's config file by the service's own
+loader, and connect-then-reconcile with the objects reported even when it fails part way.
 
 The connection options are ``CONNECTION_ARGS`` in k8s_client; both sets are documented once, in the doc
 fragments ``gpufleet.nvidia.k8s`` and ``gpufleet.nvidia.k8s.workload`` (plugins/doc_fragments/k8s.py).
@@ -11,7 +11,7 @@ fragments ``gpufleet.nvidia.k8s`` and ``gpufleet.nvidia.k8s.workload`` (plugins/
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ansible.module_utils.basic import missing_required_lib
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult
@@ -34,6 +34,34 @@ WORKLOAD_ARGS: dict[str, dict[str, Any]] = {
     },
     "host_network": {"type": "bool", "default": False},
 }
+
+
+T = TypeVar("T")
+
+
+def config_text(doc: Mapping[str, Any]) -> str:
+    """The YAML file a module deploys for a service's settings ``doc`` (a ConfigMap's data): keys sorted,
+    so the same settings give the same text, and the pods' config hash changes only with them."""
+    import yaml
+
+    return str(yaml.safe_dump(dict(doc), sort_keys=True))
+
+
+def checked_config(
+    doc: Mapping[str, Any],
+    load: Callable[[str], T],
+    refused: type[Exception],
+    error: type[Exception],
+    invalid: str,
+) -> T:
+    """What the service's own loader (linked into module_utils, docs/architecture.md) makes of the file
+    ``config_text(doc)``, given the text: no file is written. When the loader refuses it (raising
+    ``refused``, its error class), ``error`` with ``invalid`` ("settings are invalid") and the loader's
+    message, which names each setting."""
+    try:
+        return load(config_text(doc))
+    except refused as exc:
+        raise error(f"{invalid}: {exc}") from None
 
 
 def require_kubernetes(module: Any) -> None:

@@ -216,8 +216,37 @@ def wait_rollout(kube: Kube, kind: str, name: str, namespace: str, timeout: floa
     pods = kube.list(RESOURCES["Pod"], namespace, label_selector=selector) if selector else []
     problems = [p for p in (pod_problem(kube, pod) for pod in pods) if p]
     reason = state.failed or f"not rolled out after {timeout:.0f}s"
-    detail = "; ".join(problems) if problems else "no pods yet" if not pods else state.summary
-    raise WaitTimeout(f"{kind} {namespace}/{name} {reason} ({state.summary}): {detail}")
+    if not problems:
+        # No pod to blame: what refused to make them (admission: PodSecurity, a quota) is in the
+        # controller's events, e.g. "event FailedCreate: ... violates PodSecurity "baseline:latest": ..."
+        problems = ["no pods yet" if not pods else state.summary]
+        problems += controller_warnings(kube, kind, obj, namespace, selector)
+    raise WaitTimeout(f"{kind} {namespace}/{name} {reason} ({state.summary}): {'; '.join(problems)}")
+
+
+def controller_warnings(
+    kube: Kube, kind: str, obj: Mapping[str, Any], namespace: str, selector: str
+) -> list[str]:
+    """Warning events of what creates the pods: a DaemonSet itself, a Deployment's newest ReplicaSet."""
+    meta = obj.get("metadata") or {}
+    if kind != "Deployment":
+        return warning_events(kube, kind, meta.get("name", ""), namespace)
+    try:
+        sets = kube.list(RESOURCES["ReplicaSet"], namespace, label_selector=selector) if selector else []
+    except KubeError:
+        return []
+    owned = [
+        rs
+        for rs in sets
+        if any(
+            ref.get("uid") == meta.get("uid")
+            for ref in (rs.get("metadata") or {}).get("ownerReferences") or []
+        )
+    ]
+    if not owned:
+        return []
+    newest = max(owned, key=lambda rs: (rs.get("metadata") or {}).get("creationTimestamp") or "")
+    return warning_events(kube, "ReplicaSet", newest["metadata"]["name"], namespace)
 
 
 # -- node resources --------------------------------------------------------------------------------

@@ -83,7 +83,9 @@ options:
       - C(host_root) is set from O(host_root); C(socket_dir) and C(node_name) are the deployment's and may not be
         given.
       - Changing it rolls the DaemonSet (its pods carry the configuration's hash).
-      - It is checked by the plugin's own loader (which the collection carries) before anything is written.
+      - It is read by the plugin's own loader (which the collection carries) before anything is written, in
+        either mode and state, and what that loader reads decides the resources waited for, the RBAC and the
+        mounts.
       - C(configs) holds named configurations (C(label), C(default), C(named)); see O(node_configs).
     type: dict
     default: {}
@@ -210,7 +212,9 @@ notes:
   - Runs against the Kubernetes API, so it normally runs once on the controller (C(delegate_to), C(run_once)).
   - Quantities in O(resources) should be given as the API server writes them back (C(100m), C(64Mi)), else every
     run reports a change.
-  - Tested against a Kubernetes 1.20 API server and kubelet built from Debian's source, with simulated GPUs.
+  - Tested against Kubernetes 1.37 (API server and kubelet built from its Go modules, on containerd 1.6 CRI v1),
+    with simulated GPUs; also runs against 1.20. The plugin's hostPath volumes need a namespace that Pod
+    Security admission lets run C(privileged) pods.
   - Under C(mig.strategy) V(single) or V(mixed) the capacity wait asks each node for a positive count of the GPU
     resource, not one per GPU, as what a node advertises depends on its MIG layout. Settings overridden with
     O(env) are not followed.
@@ -349,7 +353,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_deviceplugin import (
     ARGUMENT_SPEC,
     ParameterError,
-    default_shape,
+    load_config,
     plugin_config,
     reconcile,
     wait_ready,
@@ -368,7 +372,7 @@ def main() -> None:
     result: dict = {"changed": False, "objects": [], "nodes": {}}
     waits = params["state"] == "present" and params["wait"] and not module.check_mode
     try:
-        result["resource"] = default_shape(plugin_config(params)).resource
+        result["resource"] = load_config(plugin_config(params)).advertised().resource
     except ParameterError as exc:
         module.fail_json(msg=str(exc), **result)
     if params["mode"] == "systemd" and not waits and not params["node_configs"] and not params["runtime_class"]:

@@ -22,7 +22,7 @@ description:
     O(state=failed) leaves the node cordoned.
   - Run it where the kubeconfig is, usually the controller (C(delegate_to=localhost)), around
     M(gpufleet.nvidia.gpu_mig_layout) on the node; the role C(gpufleet.nvidia.nvidia_mig) does.
-  - Tested against kube-apiserver 1.20 (Eviction C(policy/v1beta1)); from 1.22 C(policy/v1) is used.
+  - Tested against kube-apiserver 1.37 (Eviction C(policy/v1), used from 1.22) and 1.20 (C(policy/v1beta1)).
 author:
   - gpufleet contributors (@gpufleet)
 requirements:

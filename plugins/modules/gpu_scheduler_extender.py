@@ -242,8 +242,9 @@ notes:
   - The in-cluster part talks to the API and normally runs once on the controller; the scheduler part runs on each
     control-plane node. The gpufleet_kubernetes role runs it that way.
   - Tested on a kubeadm control plane of Kubernetes 1.37 (the real kubelet restarting the static pod, kube-scheduler
-    reaching the extender over HTTPS with client certificates, tests/kubeadm), and against Kubernetes 1.20 built
-    from Debian's source, where the static pod restart is played by a process that follows the manifest.
+    reaching the extender over HTTPS with client certificates, tests/kubeadm), and against the test cluster on
+    Kubernetes 1.20 and 1.37 (V(v1beta1) and V(v1) configurations), where the static pod restart is played by a
+    process that follows the manifest.
 seealso:
   - module: gpufleet.nvidia.gpu_device_plugin
   - name: Scheduler extender documentation

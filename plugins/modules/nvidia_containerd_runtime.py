@@ -213,7 +213,7 @@ def absent(module, params, result, main_text, config_dir):
         if new_main != main_text:
             workdir = tempfile.mkdtemp(prefix="gpufleet-containerd-")
             try:
-                rc, _, err = dump(module, params["containerd"], scratch(workdir, "config.toml", candidate))
+                rc, _dumped, err = dump(module, params["containerd"], scratch(workdir, "config.toml", candidate))
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             if rc != 0:

@@ -26,7 +26,7 @@ import re
 import reprlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 # ----- Resources (advertised by the device plugin) ------------------------------------------------------
 
@@ -141,7 +141,7 @@ def product_label_value(models: Collection[str]) -> str:
 
 def parse_cc(value: Any) -> tuple[int, int]:
     """Parse a CUDA compute capability: "8.0", "9", 8.6 or [8, 6]; ValueError otherwise."""
-    if type(value) is str and len(value) <= 16:  # the usual form: a fleet has a handful, parsed once each
+    if isinstance(value, str) and len(value) <= 16:  # the usual form: a fleet has a handful, parsed once each
         return _parse_short_cc(value)
     return _parse_cc(value)
 
@@ -203,7 +203,7 @@ class GpuEntry:
         return cls(index, uuid, model, memory_gib, cc, numa, healthy, tuple(sorted(links.items())), mig)
 
 
-EntryFields = tuple[int, str, str, int, tuple[int, int], int | None, bool, Mapping[str, int], bool]
+EntryFields = tuple[int, str, str, int, tuple[int, int], Optional[int], bool, Mapping[str, int], bool]  # noqa: UP045 (ansible-test's pylint reads | at run time as for Python 3.8)
 
 
 def entry_fields(doc: Any, position: int) -> EntryFields:
@@ -248,7 +248,7 @@ def entry_fields(doc: Any, position: int) -> EntryFields:
         uuid,
         model,
         # The device plugin advertises one device per whole GiB, so a fractional GiB is not usable.
-        memory if type(memory) is int else math.floor(memory),
+        int(memory) if isinstance(memory, int) else math.floor(memory),
         cc,
         numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
         doc.get("healthy", True) is True,

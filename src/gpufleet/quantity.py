@@ -60,7 +60,7 @@ def parse_quantity(value: Any) -> Fraction:
 
     Raises QuantityTooLarge from MAX_QUANTITY up, QuantityError for anything that is not a quantity.
     """
-    if type(value) is str and len(value) <= MAX_QUANTITY_CHARS:
+    if isinstance(value, str) and len(value) <= MAX_QUANTITY_CHARS:
         # The usual form: a cluster's pods ask for a handful of distinct quantities, each parsed once.
         return _parse_short_quantity(value)
     return _parse_quantity(value)

@@ -11,10 +11,13 @@ import os
 import reprlib
 from typing import Any
 
-import yaml
+try:
+    import yaml
+except ImportError:  # a managed host without PyYAML: the module that reads a file says so, nothing else fails
+    yaml = None  # type: ignore[assignment]
 
 # libyaml when present: linear time and a nesting limit (the pure-Python loader raises RecursionError).
-LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+LOADER = getattr(yaml, "CSafeLoader", None) or getattr(yaml, "SafeLoader", None)
 
 
 class YamlFileError(ValueError):
@@ -30,8 +33,18 @@ def read_yaml(path: str | os.PathLike[str], limit: int) -> Any:
         raise YamlFileError(f"cannot read: {exc.strerror}") from None
     except ValueError as exc:  # a NUL byte in the path
         raise YamlFileError(f"cannot read {reprlib.repr(str(path))}: {exc}") from None
+    return parse_yaml(data, limit)
+
+
+def parse_yaml(data: bytes | str, limit: int) -> Any:
+    """The parsed document of a file's content, held to the same rules as :func:`read_yaml` (text counts in
+    UTF-8 bytes): what a file of this content would give, without the file."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
     if len(data) > limit:
         raise YamlFileError(f"larger than {limit} bytes")
+    if yaml is None:
+        raise YamlFileError("cannot be parsed: this Python has no PyYAML (install python3-yaml)")
     try:
         return yaml.load(data, Loader=LOADER)
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4300 digits

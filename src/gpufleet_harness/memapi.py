@@ -263,6 +263,8 @@ class InMemoryCluster:
                     kind, change, obj = watcher.events.get(timeout=0.05)
                 except queue.Empty:
                     continue
+                while self.paused and not stop.is_set():  # paused while this event was awaited
+                    stop.wait(0.01)
                 try:
                     if kind == "node":
                         (sink.delete_node if change == "DELETED" else sink.upsert_node)(obj)
@@ -312,15 +314,6 @@ class InMemoryCluster:
             if pod is None:
                 raise NotFoundError(f"pod {namespace}/{name} not found")
             return self._done(late, copy.deepcopy(pod))
-
-    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        """Pods bound to the node now."""
-        late = self._call("list_pods_on_node")
-        with self._lock:
-            pods = [
-                copy.deepcopy(p) for p in self._pods.values() if (p.get("spec") or {}).get("nodeName") == node
-            ]
-            return self._done(late, pods)
 
     def patch_pod_annotations(
         self,

@@ -1,4 +1,5 @@
-"""Fixtures for tests against a real Kubernetes 1.20 control plane and kubelet (``gpufleet_harness.cluster``).
+"""Fixtures for tests against a real Kubernetes control plane and kubelet (``gpufleet_harness.cluster``; 1.37
+by default).
 
 The lab is the session's shared one (fixture ``stack`` in tests/conftest.py, also used by tests/k8s_modules
 and tests/validation): ``control_plane`` (~5 s) starts on first use, ``kubelet_node`` (~20 s) adds this
@@ -115,20 +116,21 @@ def fake_node(control_plane: ControlPlane) -> Iterator[Callable[..., k8s.V1Node]
 
 
 @pytest.fixture
-def namespace(core: k8s.CoreV1Api) -> Iterator[str]:
-    """A fresh namespace whose ``default`` ServiceAccount has its token (pods need it); deleted after."""
+def namespace(core: k8s.CoreV1Api, control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace whose ``default`` ServiceAccount exists (pods need it); deleted after."""
     name = f"t-{secrets.token_hex(4)}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
 
-    def default_sa_token() -> bool:
+    def default_sa() -> bool:
         try:
             account = core.read_namespaced_service_account("default", name)
         except ApiException:
             return False
-        # the ServiceAccount admission plugin refuses pods until the tokens controller made the secret
-        return bool(account.secrets)
+        # 1.20's ServiceAccount admission refuses pods until the tokens controller made the token Secret;
+        # from 1.24 pods get a projected token and no Secret is made
+        return bool(account.secrets) or not control_plane.legacy
 
-    wait_for(f"ServiceAccount {name}/default and its token", default_sa_token, 30, interval=0.2)
+    wait_for(f"ServiceAccount {name}/default", default_sa, 30, interval=0.2)
     yield name
     core.delete_namespace(name, grace_period_seconds=0)
 

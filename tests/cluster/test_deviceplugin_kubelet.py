@@ -1,4 +1,4 @@
-"""gpufleet's device plugin against the real kubelet 1.20 of the lab (issue 4, "Tests").
+"""gpufleet's device plugin against the real kubelet of the lab, 1.37 (issue 4, "Tests").
 
 The plugin runs as ``python -m gpufleet.deviceplugin`` inside the lab node's mount and PID namespaces
 (``KubeletNode.spawn``), with its defaults: it finds ``kubelet.sock`` in ``/var/lib/kubelet/device-plugins``
@@ -287,6 +287,14 @@ def kubelet_log_since(node: KubeletNode, offset: int) -> str:
         return handle.read().decode(errors="replace")
 
 
+def kubelet_got_registration(text: str, resource: str) -> bool:
+    """The kubelet logged a plugin's registration request for ``resource``: 1.20's printf line
+    (``... with resource name "R"``) or a current kubelet's structured one (``... with resource"
+    resourceName="R"``)."""
+    said = r'Got registration request from device plugin with resource(?: name "{0}"|" resourceName="{0}")'
+    return re.search(said.format(re.escape(resource)), text) is not None
+
+
 def kubelet_log_size(node: KubeletNode) -> int:
     """Current size of the kubelet's log file."""
     assert node.kubelet is not None
@@ -314,7 +322,7 @@ def test_registers_with_real_kubelet_and_node_shows_eight_gpus(
     assert event["endpoint"] == "gpufleet-nvidia.com-gpu.sock"
     assert (kubelet_node.device_plugin_dir / "gpufleet-nvidia.com-gpu.sock").is_socket()
     kubelet_said = kubelet_log_since(kubelet_node, log_offset)
-    assert f'Got registration request from device plugin with resource name "{GPU}"' in kubelet_said
+    assert kubelet_got_registration(kubelet_said, GPU), kubelet_said[-2000:]
 
     # Clean shutdown: the socket goes, and the kubelet sees the plugin gone (devices unhealthy: allocatable
     # 0, capacity kept for the kubelet's grace period).
@@ -373,15 +381,11 @@ def test_kubelet_restart_leads_to_reregistration(
     plugin.wait_event("the kubelet restart noticed", "kubelet_restarted")
     plugin.wait_event("registered again", "registered", skip=registrations)
 
-    def kubelet_got_registration() -> str | None:
+    def new_kubelet_got_it() -> str | None:
         text = kubelet_log_since(kubelet_node, log_offset)
-        return (
-            text
-            if f'Got registration request from device plugin with resource name "{GPU}"' in text
-            else None
-        )
+        return text if kubelet_got_registration(text, GPU) else None
 
-    kubelet_said = wait_for("the new kubelet to receive the registration", kubelet_got_registration,
+    kubelet_said = wait_for("the new kubelet to receive the registration", new_kubelet_got_it,
                             DEADLINE, interval=0.2)  # fmt: skip
     assert "Starting Device Plugin manager" in kubelet_said
     assert (kubelet_node.device_plugin_dir / "gpufleet-nvidia.com-gpu.sock").is_socket()

@@ -1,4 +1,4 @@
-"""The device plugin's MIG strategies against the real kubelet 1.20 (issue 17, "tested against the real
+"""The device plugin's MIG strategies against the real kubelet, 1.37 (issue 17, "tested against the real
 kubelet").
 
 The MIG layout is made through the unmodified pynvml on a fresh simulated dgx-a100 before the plugin starts;

@@ -1,8 +1,9 @@
-"""gpufleet's scheduler extender behind the real kube-scheduler 1.20 of the lab (issue 5, "Tests").
+"""gpufleet's scheduler extender behind the real kube-scheduler of the lab, 1.37 (issue 5, "Tests"; the
+opt-in 1.20 runs them too).
 
 Everything runs for real except the GPUs and the kubelets:
 
-* kube-apiserver and kube-scheduler 1.20 from the lab, the scheduler configured with the extender section
+* kube-apiserver and kube-scheduler from the lab, the scheduler configured with the extender section
   that ``gpufleet.extender.schedconfig`` generates (filter, prioritize, bind; ``nodeCacheCapable``;
   ``managedResources`` gpu-mem ignored by the scheduler, whole GPUs checked by it);
 * ``gpufleet-extender serve`` as its own process, authenticated as a ServiceAccount holding exactly the
@@ -28,12 +29,12 @@ labels/taints/allocatable/conditions change — never for an annotation (a bind-
 costs a pod 60-90 s. Hence the extender's ``lock_wait`` (binds wait for a hand-off about to finish instead
 of refusing): with it a 40-pod burst settles in seconds; without it, not in ten minutes. Pods that failed
 while the extender was down still wait for that flush after it is back; the kill test does not sit through
-it: it changes a node label every 10 s while pods wait (``_wait_settled``'s ``nudge``).
+it: it changes a node label every 10 s while pods wait (``_wait_settled``'s ``nudge``). kube-scheduler 1.37
+retries far sooner: the 40-pod burst settled in 8.7 s there against 90.8 s on 1.20 in the same hour.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
@@ -354,7 +355,7 @@ class FakeKubelet:
         self.core = k8s.CoreV1Api(api_client)
         self.namespace = namespace
         self.interval = interval
-        resolver = KubernetesPodResolver(self.core)
+        self.resolver = resolver = KubernetesPodResolver(self.core)  # one watch of each node's pods
         options = AllocateOptions(pass_device_specs=False)
         self.handoffs = {
             n.name: MemoryHandoff(resolver, n.name, _constant(n.gpu_infos()), dict, options)
@@ -377,6 +378,7 @@ class FakeKubelet:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
+        self.resolver.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -664,15 +666,7 @@ def _service_account_kubeconfig(
             with contextlib.suppress(ApiException):
                 delete(name)
 
-    def token() -> str | None:
-        account = api_json(core.read_namespaced_service_account, "gpufleet-extender", namespace)
-        secrets = account.get("secrets")
-        if not secrets:
-            return None
-        data = api_json(core.read_namespaced_secret, secrets[0]["name"], namespace).get("data") or {}
-        return base64.b64decode(data["token"]).decode() if "token" in data else None
-
-    bearer = wait_for("the extender ServiceAccount's token", token, DEADLINE, interval=0.2)
+    bearer = control_plane.service_account_token(namespace, "gpufleet-extender")
     config = {
         "apiVersion": "v1", "kind": "Config", "current-context": "lab",
         "clusters": [{"name": "lab", "cluster": {"server": control_plane.url,
@@ -725,7 +719,8 @@ def gpu_lab(
             probe = functools.partial(_known, extender, name)
             wait_for(f"node {name} in the extender's cache", probe, DEADLINE, interval=0.2)
         scheduler_name = f"gpufleet-{namespace}"
-        generated = scheduler_config(SchedulerConfigOptions(url=extender.url, api_version="v1beta1",
+        api_version = "v1beta1" if control_plane.legacy else "v1"  # what this kube-scheduler reads
+        generated = scheduler_config(SchedulerConfigOptions(url=extender.url, api_version=api_version,
                                                             scheduler_name=scheduler_name))  # fmt: skip
         scheduler = scheduler_factory(generated, scheduler_name=scheduler_name)
         kubelet = FakeKubelet(control_plane.api_client(), namespace, nodes).start()
@@ -778,10 +773,12 @@ def test_gpu_memory_pods_land_on_gpus_that_fit(gpu_lab: Callable[..., GpuLab], n
     lab.assert_kubelet_clean()
     assert len(lab.kubelet.allocated) == len(sizes) + 2
     lab.wait_inspect_matches_annotations()
-    # All three verbs were used; prioritize whenever more than one node passed the filter.
-    for verb in ("filter", "prioritize", "bind"):
+    # Filter and bind were used. Filter answers a GPU-memory pod with the one node it chose, so the scheduler,
+    # which calls prioritize only when more than one node passed the filters, never needed it here.
+    for verb in ("filter", "bind"):
         calls = lab.extender.metric("gpufleet_extender_requests_total", verb=verb, code="200")
         assert calls > 0, f"the scheduler never called {verb}"
+    assert lab.extender.metric("gpufleet_extender_requests_total", verb="prioritize") == 0
     assert lab.extender.metric("gpufleet_extender_binds_total", result="ok") >= len(sizes) + 1
 
 
@@ -955,6 +952,92 @@ def _kill_during_bind(lab: GpuLab, patience: float = 30.0) -> str | None:
         time.sleep(0.02)
     lab.extender.kill()
     return None
+
+
+BURST_PODS = 48  # of 4 GiB: exactly what burst_fleet holds
+MEMORY_REFUSALS = ("no_fit", "stale")  # the extender's bind_failed reasons for a lack of GPU memory
+
+
+def burst_fleet(prefix: str) -> list[NodeSpec]:
+    """Three memory-sharing nodes of four NVLinked 16 GiB GPUs: 192 GiB, 48 pods of 4 GiB."""
+    return [NodeSpec(f"{prefix}-g{i}", tuple(gpu_group(f"{prefix}-g{i}", 4, "NVIDIA A2", 16, "8.6",
+                                                       nvlink=True))) for i in range(3)]  # fmt: skip
+
+
+def _create_burst(lab: GpuLab) -> list[str]:
+    names = [f"burst-{i:02d}" for i in range(BURST_PODS)]
+    with ThreadPoolExecutor(8) as pool:  # the client's connection pool holds 10
+        list(pool.map(lambda name: lab.create_pod(name, 4), names))
+    return names
+
+
+def _bind_failures(lab: GpuLab) -> list[dict[str, Any]]:
+    """Every ``bind_failed`` event of the extender's JSON log (all its runs: the log is appended to)."""
+    events = []
+    for line in lab.extender.log_path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict) and doc.get("event") == "bind_failed":
+                events.append(doc)
+    return events
+
+
+def _assert_burst_placed(lab: GpuLab, monitor: OvercommitMonitor) -> None:
+    """Every pod bound on GPUs the plugin stand-in allocated, none over-committed at any sample, no bind
+    refused for a lack of memory, and the extender's view equal to the annotations."""
+    pods = lab.pods()
+    unbound = sorted(n for n, p in pods.items() if not p.node)
+    assert not unbound, f"pods that fit left unbound: {unbound}\n{lab.diagnostics()}"
+    assert monitor.samples > 0 and not monitor.violations, monitor.violations[:10]
+    assert_placements_valid(lab.nodes, pods)
+    assert sorted(used_by_gpu(pods.values()).values()) == [16] * 12  # exactly full
+    refusals = [e for e in _bind_failures(lab) if e.get("reason") in MEMORY_REFUSALS]
+    assert not refusals, refusals[:5]
+    lab.wait_handoffs_done()
+    lab.assert_kubelet_clean()
+    lab.wait_inspect_matches_annotations()
+
+
+def test_burst_that_fits_binds_every_pod_with_no_refusal_for_memory(
+    gpu_lab: Callable[..., GpuLab], namespace: str
+) -> None:
+    """Issue 31: 48 pods created at once fill three nodes exactly. kube-scheduler filters each next pod while
+    the binds before it still run; filter has already counted their placements, so every bind lands on
+    GPUs that are free (no "not enough free GPU memory" at bind), and nothing is over-committed."""
+    lab = gpu_lab(burst_fleet(namespace), **{"log-format": "json"})
+    monitor = OvercommitMonitor(lab.core, lab.namespace, lab.nodes).start()
+    started = time.monotonic()
+    try:
+        names = _create_burst(lab)
+        lab.wait_bound(names, SETTLE_DEADLINE)
+        lab.timings["burst of 48 that fits bound"] = time.monotonic() - started
+    finally:
+        monitor.stop()
+    _assert_burst_placed(lab, monitor)
+    assert lab.extender.metric("gpufleet_extender_binds_total", result="ok") >= BURST_PODS
+
+
+def test_burst_that_fits_binds_every_pod_across_an_extender_restart(
+    gpu_lab: Callable[..., GpuLab], namespace: str
+) -> None:
+    """The same burst with the extender SIGKILLed after a quarter of the pods are bound (during a bind if it
+    can be caught) and restarted: the placements filter had decided and lost with the process are decided
+    again, the ledger is rebuilt from the annotations, and still every pod is bound, none on GPUs that
+    were taken, none refused for memory."""
+    lab = gpu_lab(burst_fleet(namespace), **{"log-format": "json", "lock-ttl": "15"})
+    monitor = OvercommitMonitor(lab.core, lab.namespace, lab.nodes).start()
+    started = time.monotonic()
+    try:
+        _create_burst(lab)
+        quarter = BURST_PODS // 4
+        lab.wait(f"{quarter} pods bound", lambda: sum(1 for p in lab.pods().values() if p.node) >= quarter)
+        _kill_during_bind(lab, patience=10.0)
+        lab.extender.start()
+        _wait_settled(lab, nudge=True)  # all fit: settled means every pod bound
+        lab.timings["burst of 48 across an extender restart bound"] = time.monotonic() - started
+    finally:
+        monitor.stop()
+    _assert_burst_placed(lab, monitor)
 
 
 def test_model_and_capability_requests_land_on_the_right_gpus(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,14 @@ from lab_deviceplugin import FakeDevicePlugin, load_api
 from lab_extender import PassThroughExtender
 
 from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler, wait_for_pod_phase
+from gpufleet_harness.cluster.k8s_build import DEFAULT_K8S_VERSION
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE, KubeletNode
-from gpufleet_harness.cluster.process import wait_for
+from gpufleet_harness.cluster.process import LabError, wait_for
 
 pytestmark = pytest.mark.cluster
+# The build the session runs: DEFAULT_K8S_VERSION unless GPUFLEET_K8S_VERSION picks another (1.20: Debian's).
+_ASKED = os.environ.get("GPUFLEET_K8S_VERSION") or DEFAULT_K8S_VERSION
+EXPECTED_VERSION = "v1.20.2" if _ASKED.startswith("1.20") else f"v{_ASKED.removeprefix('v')}"
 
 
 def _pod(
@@ -63,7 +67,7 @@ def _pod_node(core: k8s.CoreV1Api, pod: str, namespace: str) -> str | None:
 
 def test_control_plane_reports_built_version(control_plane: ControlPlane) -> None:
     version = k8s.VersionApi(control_plane.api_client()).get_code()
-    assert version.git_version == control_plane.lab.artifacts.git_version == "v1.20.2"
+    assert version.git_version == control_plane.lab.artifacts.git_version == EXPECTED_VERSION
 
 
 def test_fake_node_status_patch_sets_capacity_ready_and_no_taint(
@@ -84,7 +88,7 @@ def test_the_extenders_node_reads_get_metadata_only(
     core: k8s.CoreV1Api, control_plane: ControlPlane, fake_node: Callable[..., k8s.V1Node]
 ) -> None:
     """KubeCluster lists and watches Nodes with an Accept asking for PartialObjectMetadata (its fallback,
-    plain JSON, would work too and hide a server that ignores the ask): 1.20 serves the list as
+    plain JSON, would work too and hide a server that ignores the ask): 1.37 (as 1.20) serves the list as
     PartialObjectMetadataList and watch events as PartialObjectMetadata, annotations in, status out."""
     from gpufleet.extender.kube import NODE_LIST_ACCEPT, NODE_WATCH_ACCEPT, KubeCluster
 
@@ -177,15 +181,7 @@ def test_least_privilege_service_account_can_patch_node_status_only(
         subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name="plugin", namespace=namespace)],
     ))  # fmt: skip
     try:
-
-        def sa_token() -> str | None:
-            secrets = _plain(core.read_namespaced_service_account("plugin", namespace)).get("secrets")
-            if not secrets:
-                return None
-            secret = _plain(core.read_namespaced_secret(secrets[0]["name"], namespace))
-            return base64.b64decode(secret["data"]["token"]).decode()
-
-        token = wait_for("the plugin SA's token secret", sa_token, 30, interval=0.2)
+        token = control_plane.service_account_token(namespace, "plugin")
         as_plugin = k8s.CoreV1Api(control_plane.api_client(token=token))
         patch = [{"op": "add", "path": "/status/capacity/example.com~1gpu-mem", "value": "16"}]
         patched = _plain(as_plugin.patch_node_status("fake-rbac", patch))
@@ -242,8 +238,8 @@ def test_kubelet_node_is_ready_on_its_veth_address(core: k8s.CoreV1Api, kubelet_
     assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addresses["InternalIP"] == kubelet_node.node_ip
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.20.2"
-    # containerd through CRI by default, as Kubernetes nodes run since dockershim's removal
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == EXPECTED_VERSION
+    # containerd (Debian 12's 1.6) through CRI: v1, the only CRI a kubelet speaks from 1.26
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://1.6")
     assert not [t for t in node["spec"].get("taints", []) if t["key"] == "node.kubernetes.io/not-ready"]
     assert node["metadata"]["labels"]["gpufleet.io/lab-node"] == "true"
@@ -276,8 +272,19 @@ def test_busybox_pod_runs_and_exec_works(
     assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
 
 
-def test_dockershim_node_still_works(core: k8s.CoreV1Api, lab: Lab, namespace: str) -> None:
-    """The harness keeps dockershim as a choice (``runtime="docker"``): a short-lived node runs a pod."""
+def test_dockershim_only_with_1_20(core: k8s.CoreV1Api, lab: Lab, namespace: str) -> None:
+    """dockershim left the kubelet in 1.24: the harness refuses a docker node on a current build, naming
+    why, before it starts anything. With the opt-in 1.20 build it is still a choice (``runtime="docker"``)
+    and a short-lived node runs a pod."""
+    assert lab.control_plane is not None
+    if not lab.control_plane.legacy:
+        with pytest.raises(LabError, match=r"dockershim, removed in Kubernetes 1\.24"):
+            lab.start_kubelet_node("lab-dockershim", runtime="docker")
+        assert not [n for n in lab.nodes if n.name == "lab-dockershim"]
+        with pytest.raises(ApiException) as absent:
+            core.read_node("lab-dockershim")
+        assert absent.value.status == 404
+        return
     node = lab.start_kubelet_node("lab-dockershim", runtime="docker")
     try:
         info = _plain(core.read_node(node.name))["status"]["nodeInfo"]

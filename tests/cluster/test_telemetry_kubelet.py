@@ -1,4 +1,4 @@
-"""GPU telemetry's pod attribution against the real kubelet 1.20 of the lab (issue 35): its PodResources API
+"""GPU telemetry's pod attribution against the real kubelet 1.37 of the lab (issue 35): its PodResources API
 v1 ``List`` on the default socket, ``/var/lib/kubelet/pod-resources/kubelet.sock``, seen from inside the
 node, names the pods that hold the plugin's devices.
 

@@ -6,11 +6,12 @@ import argparse
 from pathlib import Path
 
 import pytest
+from dp_helpers import make_inventory
 
 from gpufleet.deviceplugin import config as configuration
 from gpufleet.deviceplugin.api import DEFAULT_SOCKET_DIR
 from gpufleet.deviceplugin.config import ConfigError
-from gpufleet.deviceplugin.rm.devices import ResourceKind
+from gpufleet.deviceplugin.rm.devices import ResourceKind, build_devices
 
 
 def args(*argv: str) -> argparse.Namespace:
@@ -175,3 +176,68 @@ def test_daemonset_configmap_configs_are_valid(tmp_path: Path) -> None:
         cfg = configuration.build(args("--config", write(tmp_path, text)), environ={"NODE_NAME": "n1"})
         modes[name] = cfg.sharing_mode
     assert modes == {"whole.yaml": "none", "memory.yaml": "memory"}
+
+
+# ----- a config file's text checked without the file (the gpu_device_plugin module's check) --------------
+NAMED_TEXT = """\
+version: v1
+http: {port: 9402}
+configs:
+  default: whole
+  named:
+    whole: {}
+    sliced: {sharing: {mode: time-slicing, time_slicing: {replicas: 4, rename: nvidia.com/gpu.shared}}}
+    memory: {sharing: {mode: memory}}
+    mixed: {mig: {strategy: mixed}}
+"""
+
+
+def test_text_gives_the_config_its_file_gives(tmp_path: Path) -> None:
+    env = {"NODE_NAME": "n1"}
+    from_file = configuration.build(args("--config", write(tmp_path, NAMED_TEXT)), environ=env)
+    from_text = configuration.from_text(NAMED_TEXT, "plugin_config", env)
+    assert from_text == from_file and from_text.named == from_file.named
+    assert from_text.source["http.port"] == "file" and from_text.config_name == "whole"
+    assert configuration.from_text("version: v1\n", "x") == configuration.build(environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("version: v1\nhealth: {bogus: 1}\n", "plugin_config: health.bogus: unknown setting"),
+        ("version: v1\nlog: {level: loud}\n", "plugin_config: log.level: expected one of debug"),
+        ("version: v1\n- a list\n", "plugin_config: not valid YAML"),
+        ("version: v1\n# " + "x" * configuration.MAX_CONFIG_BYTES, "plugin_config: larger than 16384 bytes"),
+        ("version: v1\nconfigs: {default: c, named: {a: {}}}\n", "plugin_config: configs.default: expected"),
+        ("version: v1\nsharing: {mode: memory}\n", "node_name: required with sharing.mode memory"),
+    ],
+)
+def test_text_is_refused_as_its_file_would_be_naming_where_it_came_from(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        configuration.from_text(text, "plugin_config")
+    assert message in str(err.value)
+
+
+def test_what_each_named_configuration_advertises_is_what_its_devices_come_to() -> None:
+    """Config.advertised: the resource and devices per GPU, known without NVML, agree with the devices the
+    plugin builds for 4 GPUs of 16 GiB; None where the GPUs decide (GiB of memory, the MIG layout)."""
+    cfg = configuration.from_text(NAMED_TEXT, "plugin_config", {"NODE_NAME": "n1"})
+    inventory = make_inventory(4, 16)
+    seen = {}
+    for name, named in cfg.named.items():
+        advertised = named.advertised()
+        first = named.resources(inventory)[0]
+        devices = build_devices(first, inventory, {})
+        assert advertised.resource == first.name, name
+        if advertised.per_gpu is not None:
+            assert len(devices) == 4 * advertised.per_gpu, name
+        seen[name] = (advertised.resource, advertised.per_gpu, len(devices))
+    assert seen == {
+        "whole": ("nvidia.com/gpu", 1, 4),
+        "sliced": ("nvidia.com/gpu.shared", 4, 16),
+        "memory": ("gpufleet.io/gpu-mem", None, 64),  # one per GiB
+        "mixed": ("nvidia.com/gpu", None, 4),  # no GPU in MIG mode here; with some, fewer whole GPUs
+    }
+    single = configuration.build(environ={}, file_values={"mig.strategy": "single"}).advertised()
+    assert (single.resource, single.per_gpu) == ("nvidia.com/gpu", None)
+    assert cfg.running_label == "gpufleet.io/device-plugin.config"

@@ -22,12 +22,19 @@ from dp_helpers import (
 )
 
 from gpufleet.deviceplugin.api import pb, pb_grpc
-from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff, decide
-from gpufleet.deviceplugin.gpumem.resolver import Conflict, InMemoryCluster, PodView
+from gpufleet.deviceplugin.gpumem.handoff import VIEW_WAIT_S, MemoryHandoff, decide
+from gpufleet.deviceplugin.gpumem.resolver import (
+    Conflict,
+    InMemoryCluster,
+    KubernetesPodResolver,
+    NodePods,
+    PodView,
+    pod_view,
+)
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, HandoffError
 from gpufleet.deviceplugin.rm.health import GpuHealth
-from gpufleet.handoff import ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION
+from gpufleet.handoff import ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, GPU_MEM_RESOURCE
 from gpufleet.handoff import BIND_LOCK_ANNOTATION as LOCK_ANNOTATION
 
 NOW = 1_700_000_000.0
@@ -160,11 +167,52 @@ def test_assignment_is_read_as_strictly_as_the_extender_writes_it(doc: dict[str,
         decide("n1", lock("a"), [bad], NOW, 4)
 
 
+def test_a_pod_asking_for_gpu_memory_without_an_assignment_makes_the_allocate_ambiguous() -> None:
+    # Bound without the extender (another scheduler, spec.nodeName by hand): the kubelet admits it too, and
+    # its Allocate looks exactly like the holder's.
+    stray = PodView("s", "default", "p-s", "n1", "Pending", {}, frozenset({GPU_MEM_RESOURCE, "cpu"}))
+    with pytest.raises(HandoffError, match=r"cannot tell which pod.*default/p-a, default/p-s"):
+        decide("n1", lock("a"), [pod("a", ("c0", 4, G0)), stray], NOW, 4)
+    # Started or finished, or asking for something else, it is not the pod being admitted.
+    for other in (
+        replace(stray, phase="Running"),
+        replace(stray, phase="Failed"),
+        replace(stray, requests=frozenset({"nvidia.com/gpu"})),
+    ):
+        assert decide("n1", lock("a"), [pod("a", ("c0", 4, G0)), other], NOW, 4).pod.uid == "a"
+    # The resource is the one the plugin serves (`sharing.memory.resource_name`).
+    renamed = replace(stray, requests=frozenset({"example.com/gpu-mem"}))
+    assert decide("n1", lock("a"), [pod("a", ("c0", 4, G0)), renamed], NOW, 4).pod.uid == "a"
+    with pytest.raises(HandoffError, match="cannot tell"):
+        decide("n1", lock("a"), [pod("a", ("c0", 4, G0)), renamed], NOW, 4, "example.com/gpu-mem")
+
+
+def test_pod_view_reads_the_api_servers_json() -> None:
+    obj = {
+        "metadata": {"uid": "u1", "namespace": "ns", "name": "p", "resourceVersion": "7",
+                     "annotations": {ASSIGNMENT_ANNOTATION: "{}", "other": "x"}},
+        "spec": {"nodeName": "n1",
+                 "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}],
+                 "containers": [{"name": "c", "resources": {"limits": {GPU_MEM_RESOURCE: "4"}}},
+                                {"name": "d"}]},
+    }  # fmt: skip
+    view = pod_view(obj)
+    assert (view.uid, view.ref, view.node, view.phase) == ("u1", "ns/p", "n1", "Pending")
+    assert view.annotations == {ASSIGNMENT_ANNOTATION: "{}"}  # only what the hand-off reads is kept
+    assert view.requests == {"cpu", GPU_MEM_RESOURCE}
+    assert pod_view({**obj, "spec": {}, "status": {"phase": "Running"}}).phase == "Running"
+    with pytest.raises(ValueError, match="uid"):
+        pod_view({"metadata": {"name": "p"}})
+
+
 # ----- MemoryHandoff: recording and the response ------------------------------------------------------
 
 
 def handoff(
-    cluster: InMemoryCluster, health: dict[str, GpuHealth] | None = None, mps: bool = False
+    cluster: InMemoryCluster,
+    health: dict[str, GpuHealth] | None = None,
+    mps: bool = False,
+    view_wait: float = VIEW_WAIT_S,
 ) -> MemoryHandoff:
     inv = make_inventory(2, memory_gib=16)
     return MemoryHandoff(
@@ -174,6 +222,7 @@ def handoff(
         lambda: health or {},
         AllocateOptions(pass_device_specs=False, mps=mps),
         clock=lambda: NOW,
+        view_wait=view_wait,
     )
 
 
@@ -221,7 +270,7 @@ def test_lock_release_retries_on_conflict_and_leaves_a_new_holders_lock() -> Non
     real_patch = c.patch_node_annotations
     calls = []
 
-    def flaky(name: str, changes: dict, rv: int | None = None) -> int:
+    def flaky(name: str, changes: dict, rv: int | str | None = None) -> int:
         calls.append(rv)
         if len(calls) == 1:
             real_patch(name, {"unrelated": "status-heartbeat"})  # the node changed under us
@@ -235,6 +284,213 @@ def test_lock_release_retries_on_conflict_and_leaves_a_new_holders_lock() -> Non
     real_patch("n1", {LOCK_ANNOTATION: lock("b")})
     c.release_lock("n1", "a")
     assert c.node_annotations("n1")[LOCK_ANNOTATION] == lock("b")
+
+
+# ----- the node's pod view: what an Allocate reads, and what it waits for ------------------------------
+
+
+def test_an_allocate_reads_the_node_once_writes_the_pod_once_and_reads_no_pods() -> None:
+    c = cluster_with(("a", (("c0", 4, G0),)), holder="a")
+    handoff(c)(["x"] * 4)
+    # The lock's release reused the node as read (no conflict); the pods came from the node's view.
+    assert (c.node_reads, c.writes) == (1, 1)
+    assert LOCK_ANNOTATION not in c.node_annotations("n1")
+
+
+def test_allocate_waits_until_the_view_shows_the_lock_holder_bound() -> None:
+    c = InMemoryCluster()
+    c.add_node("n1")
+    h = handoff(c)
+    c.hold("n1")  # the watch lags: the kubelet has seen the pod bound, the plugin's view has not
+    c.add_pod("a", "default", "p-a", "", {ASSIGNMENT_ANNOTATION: assignment(("c0", 4, G1))})
+    c.patch_node_annotations("n1", {LOCK_ANNOTATION: lock("a")})
+    c.bind("a", "n1")
+    answers: queue.Queue[pb.ContainerAllocateResponse] = queue.Queue()
+    allocating = threading.Thread(target=lambda: answers.put(h(["x"] * 4)))
+    allocating.start()
+    wait_for(lambda: c.node_reads == 1, "the Allocate reading the lock")
+    assert c.writes == 0  # nothing is decided, let alone recorded, before the view shows the holder
+    c.deliver("n1")
+    allocating.join(30)
+    assert answers.get_nowait().envs["NVIDIA_VISIBLE_DEVICES"] == G1
+    assert c.pod("a").annotations[ALLOCATED_ANNOTATION] == "c0"
+
+
+def test_a_holder_the_view_never_shows_is_refused_and_nothing_is_recorded() -> None:
+    c = InMemoryCluster()
+    c.add_node("n1")
+    h = handoff(c, view_wait=0.2)
+    c.hold("n1")
+    c.add_pod("a", "default", "p-a", "n1", {ASSIGNMENT_ANNOTATION: assignment(("c0", 4, G1))})
+    c.patch_node_annotations("n1", {LOCK_ANNOTATION: lock("a")})
+    with pytest.raises(HandoffError, match=r"lock held by default/p-a .*unallocated pods: none visible"):
+        h(["x"] * 4)
+    assert c.writes == 0 and c.node_annotations("n1")[LOCK_ANNOTATION] == lock("a")
+
+
+@pytest.mark.parametrize("late", ["assigned", "stray"])
+def test_a_pod_bound_behind_the_views_back_undoes_the_record_and_refuses(late: str) -> None:
+    # The view shows the holder b and nothing else; another pod waiting for GPU memory was bound before
+    # the Allocate came (a bind that landed after its lock expired, or one without the extender), and the
+    # view has not delivered it. Once the view reaches the plugin's own write it shows that pod: the
+    # Allocate may be for it, so the record is undone and the Allocate refused; the lock stays.
+    c = cluster_with(("b", (("c0", 4, G1),)), holder="b")
+    h = handoff(c)
+    c.hold("n1")
+    if late == "assigned":
+        c.add_pod("a", "default", "p-a", "n1", {ASSIGNMENT_ANNOTATION: assignment(("c0", 4, G0))})
+    else:
+        c.add_pod("a", "default", "p-a", "n1", requests={GPU_MEM_RESOURCE})
+    record = c.set_allocated
+
+    def record_then_catch_up(pod_: PodView, value: str | None) -> int:
+        written = record(pod_, value)
+        c.deliver("n1")  # the watch catches up after the write
+        return written
+
+    c.set_allocated = record_then_catch_up  # type: ignore[method-assign]
+    with pytest.raises(HandoffError, match=r"lock held by default/p-b \(uid b\), also waiting: default/p-a"):
+        h(["x"] * 4)
+    assert ALLOCATED_ANNOTATION not in c.pod("b").annotations
+    assert c.node_annotations("n1")[LOCK_ANNOTATION] == lock("b")
+    assert c.writes == 2  # the record and its undoing
+
+
+def test_a_view_that_never_reaches_the_write_undoes_it_and_refuses() -> None:
+    c = cluster_with(("a", (("init", 2, G0), ("c0", 4, G1))), holder="a")
+    h = handoff(c, view_wait=0.2)
+    h(["x"] * 2)
+    c.hold("n1")
+    with pytest.raises(HandoffError, match=r"did not reach its own write to pod default/p-a"):
+        h(["x"] * 4)
+    assert c.pod("a").annotations[ALLOCATED_ANNOTATION] == "init"  # back to what it was
+    assert c.node_annotations("n1")[LOCK_ANNOTATION] == lock("a")
+
+
+def test_no_list_of_the_nodes_pods_yet_is_refused_with_the_watchs_error() -> None:
+    unlisted = NodePods("n1")
+    unlisted.failed("HTTP 403 Forbidden")
+
+    class Unlisted(InMemoryCluster):
+        def node_pods(self, node: str) -> NodePods:
+            return unlisted
+
+    c = Unlisted()
+    c.add_node("n1")
+    c.add_pod("a", "default", "p-a", "n1", {ASSIGNMENT_ANNOTATION: assignment(("c0", 4, G0))})
+    c.patch_node_annotations("n1", {LOCK_ANNOTATION: lock("a")})
+    with pytest.raises(HandoffError, match=r"has not listed the node's pods yet \(HTTP 403 Forbidden\)"):
+        handoff(c, view_wait=0.1)(["x"] * 4)
+    assert c.writes == 0
+
+
+def test_node_pods_follow_events_in_order_and_keep_only_the_nodes_pods() -> None:
+    view = NodePods("n1")
+    assert not view.snapshot().synced
+    a, b = pod("a", ("c0", 4, G0)), pod("b", ("c0", 4, G0))
+    view.replace([a, pod("x", ("c0", 4, G0), node="n2")], 10)
+    assert ([p.uid for p in view.snapshot().pods], view.snapshot().version) == (["a"], 10)
+    view.apply("ADDED", b, 12)
+    view.apply("DELETED", a, 13)
+    view.advance(20)  # a bookmark
+    view.advance(15)  # never back
+    view.failed("connection reset")
+    snap = view.snapshot()
+    assert ([p.uid for p in snap.pods], snap.version, snap.error) == (["b"], 20, "connection reset")
+    view.apply("MODIFIED", replace(b, phase="Running"), 21)
+    assert (view.snapshot().get("b").phase, view.snapshot().error) == ("Running", "")  # type: ignore[union-attr]
+    assert view.wait(lambda v: v.version >= 21, 0).version == 21
+    assert view.wait(lambda v: v.version >= 22, 0.05).version == 21  # times out with the last view
+
+
+# ----- KubernetesPodResolver's watch, against scripted API replies ---------------------------------------
+
+
+class _Reply:
+    def __init__(self, doc: dict) -> None:
+        self.data = json.dumps(doc).encode()
+
+
+class _Stream:
+    """A watch reply: the events' lines cut into chunks that end mid-line; then it blocks until shut."""
+
+    def __init__(self, events: list[dict]) -> None:
+        text = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.chunks = [text[i : i + 7] for i in range(0, len(text), 7)]
+        self.shut = threading.Event()
+        self.block = not any(e.get("type") == "ERROR" for e in events)
+
+    def stream(self, amt: int, decode_content: bool = True):
+        yield from self.chunks
+        if self.block:
+            self.shut.wait(30)
+
+    def shutdown(self) -> None:
+        self.shut.set()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _ScriptedCore:
+    """The CoreV1Api calls the watch makes, answered from a script, each call recorded."""
+
+    def __init__(self, script: list) -> None:
+        self.script = script
+        self.calls: list[dict] = []
+
+    def list_pod_for_all_namespaces(self, **kwargs):
+        self.calls.append(kwargs)
+        step = self.script.pop(0) if self.script else _Stream([])
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+def _api_pod(uid: str, rv: int) -> dict:
+    return {"metadata": {"uid": uid, "namespace": "default", "name": f"p-{uid}", "resourceVersion": str(rv)},
+            "spec": {"nodeName": "n1"}}  # fmt: skip
+
+
+def test_the_watch_relists_after_a_gap_never_going_back_and_retries_after_errors() -> None:
+    class Gone(Exception):
+        status = 410
+
+    class Refused(Exception):
+        pass
+
+    core = _ScriptedCore([
+        _Reply({"metadata": {"resourceVersion": "100"}, "items": [_api_pod("a", 90)]}),
+        _Stream([{"type": "ADDED", "object": _api_pod("b", 101)},
+                 {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "150"}}},
+                 {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}]),
+        _Reply({"metadata": {"resourceVersion": "160"}, "items": [_api_pod("a", 90), _api_pod("c", 155)]}),
+        Refused("connection refused"),
+        Gone(),  # the watch from 160 is refused with HTTP 410: list again
+        _Reply({"metadata": {"resourceVersion": "170"}, "items": [_api_pod("c", 155)]}),
+    ])  # fmt: skip
+    resolver = KubernetesPodResolver(core, retry_s=0.01)
+    try:
+        view = resolver.node_pods("n1").wait(lambda v: v.version >= 170, 10)
+        assert ([p.uid for p in view.pods], view.version) == (["c"], 170)
+        wait_for(lambda: len(core.calls) == 7, "the watch from 170")
+    finally:
+        resolver.close()
+    plain = [
+        {k: v for k, v in call.items() if k in ("resource_version", "resource_version_match", "watch")}
+        for call in core.calls
+    ]
+    assert plain == [
+        {"resource_version": "0"},  # the first list: whatever the watch cache holds
+        {"resource_version": "100", "watch": True},
+        {"resource_version": "150", "resource_version_match": "NotOlderThan"},  # after the gap: not older
+        {"resource_version": "160", "watch": True},  # refused: the view stays, the watch is tried again
+        {"resource_version": "160", "watch": True},  # 410
+        {"resource_version": "160", "resource_version_match": "NotOlderThan"},
+        {"resource_version": "170", "watch": True},
+    ]
+    assert all(call["field_selector"] == "spec.nodeName=n1" for call in core.calls)
+    assert all(call.get("allow_watch_bookmarks") for call in core.calls if call.get("watch"))
 
 
 # ----- a burst: a fake extender binds, a fake kubelet admits, over the real gRPC socket -----------------
@@ -259,8 +515,8 @@ class FakeExtender:
                 )
                 if gpu is None:
                     return False
-                annotations, rv = self.cluster.read_node("n1")
-                held = annotations.get(LOCK_ANNOTATION)
+                node = self.cluster.read_node("n1")
+                held, rv = node.annotations.get(LOCK_ANNOTATION), node.version
                 if held and float(held.split()[2]) > time.time():
                     gpu = None  # node busy: another pod is between bind and Allocate
                 else:

@@ -26,8 +26,8 @@ from dp_helpers import (
 )
 
 from gpufleet.deviceplugin import config as configuration
-from gpufleet.deviceplugin.app import CONFIG_LABEL_NAME, App
-from gpufleet.deviceplugin.config import DEFAULT_CONFIG_LABEL, ConfigError
+from gpufleet.deviceplugin.app import App
+from gpufleet.deviceplugin.config import CONFIG_LABEL_NAME, DEFAULT_CONFIG_LABEL, ConfigError
 from gpufleet.deviceplugin.nodeconfig import SWITCHED_REASON, UNKNOWN_CONFIG_REASON
 from gpufleet.handoff import SHARING_LABEL
 

@@ -180,7 +180,9 @@ def normalized_record(state: ClusterState, record: Record) -> dict[str, Any]:
     """A record in plain, comparable data (signature ids resolved to the kinds they stand for)."""
     facts = record.facts
     views = {mask: (v.free, v.total, v.pick, v.cap) for mask, v in facts.views.items()}
-    plain = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "facts"}
+    # Everything but the facts (compared below) and the memo (outcomes of requests: a cache).
+    skip = ("facts", "memo")
+    plain = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name not in skip}
     return {
         **plain,
         "sig": state.signatures.kinds[record.sig],
@@ -280,6 +282,8 @@ class World:
             return {"sharing": False, "labels": {"gpufleet.io/gpu-sharing": "time-slicing"}}
         if draw < 0.09:
             return {"sharing": False, "labels": {"nvidia.com/mig.strategy": "single"}}
+        if draw < 0.11:  # labelled for memory sharing too: its devices are still MIG devices
+            return {"sharing": True, "labels": {"gpufleet.io/mig.strategy": "single"}}
         return {"sharing": draw < sharing}
 
     def _lock(self) -> str | None:
@@ -879,7 +883,7 @@ def test_verdicts_are_shared_by_constraints_that_leave_the_same_gpus() -> None:
         assert (out.fits, out.failed, out.unresolvable, out.error) == want, wish
         got = prioritize_nodes(state, r, names, Policy.SPREAD, Policy.BINPACK, world.now)
         assert got == reference_prioritize(state, r, names, Policy.SPREAD, Policy.BINPACK, world.now)
-    assert any(e.facts and e.facts.memo for e in state.entries().values())
+    assert any(r.memo for r in state.index.values())
 
 
 def test_a_pods_own_claim_is_never_kept_for_other_pods() -> None:

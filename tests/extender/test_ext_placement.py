@@ -344,7 +344,7 @@ def test_prioritize_reuses_verdicts_only_while_the_node_is_unchanged(mem: list[i
     r = req(mem=mem)
     first = dict(prioritize_nodes(state, r, ["a", "b"], Policy.BINPACK, Policy.BINPACK, NOW))
     assert first == {"a": 10, "b": 10}
-    assert state.entry("a").facts.memo  # verdicts (two containers) or placement figures (one) kept
+    assert state.index["a"].memo  # verdicts (two containers) or placement figures (one) kept
     state.upsert_pod(_assigned("x", "b", 8, "GPU-b-0"))
     assert dict(prioritize_nodes(state, r, ["a", "b"], Policy.BINPACK, Policy.BINPACK, NOW)) == {
         "a": 1,

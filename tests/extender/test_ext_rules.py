@@ -12,7 +12,7 @@ from gpufleet.extender.index import NodeFacts, NodeShape, Signatures
 from gpufleet.extender.model import node_info
 from gpufleet.extender.placement import choose_gpus, utilization
 from gpufleet.extender.request import Policy
-from gpufleet.extender.rules import composites, fits, gpu_busy, node_utilization, policy_cards
+from gpufleet.extender.rules import busy_after, composites, fits, gpu_busy, node_utilization, policy_cards
 
 
 def test_gpu_busy_is_exactly_the_memory_share_in_use_capped_at_one() -> None:
@@ -83,6 +83,24 @@ def test_the_ledgers_utilisation_is_the_references() -> None:
         facts = NodeFacts(NodeShape(info, signatures.id(info.kinds)), used)
         whole = rng.randint(0, 2)
         assert node_utilization(facts.busy, whole, facts.n) == utilization(info, used, whole)
+
+
+def test_busy_after_a_placement_is_exactly_the_sum_of_the_gpus_terms_after_it() -> None:
+    """`busy_after` on a node's facts equals summing every GPU's `gpu_busy` in order once the chosen GPUs
+    carry the share too, bit for bit, for one GPU (prefix sums) and several."""
+    rng = random.Random(10)
+    signatures = Signatures()
+    for _ in range(500):
+        info, used = _random_node(rng, "n")
+        facts = NodeFacts(NodeShape(info, signatures.id(info.kinds)), used)
+        share = rng.randint(1, 40)
+        chosen = tuple(sorted(rng.sample(range(facts.n), rng.randint(1, facts.n))))
+        after = dict(used)
+        for p in chosen:
+            uuid = info.healthy[p].uuid
+            after[uuid] = after.get(uuid, 0) + share
+        expected = sum([gpu_busy(after.get(g.uuid, 0), g.memory_gib) for g in info.healthy])
+        assert busy_after(facts.nums, facts.sums, facts.n, chosen, share) == expected
 
 
 @pytest.mark.parametrize("binpack", [True, False])

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_deviceplugin, k8s_extender
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin.config import Advertised
 from budget import FUZZ, outcome
 from hypothesis import given
 from hypothesis import strategies as st
@@ -115,22 +116,22 @@ def test_plugin_config_shape_is_read_or_refused_with_a_parameter_error(cfg: dict
         {**DP_PARAMS, "plugin_config": cfg},
     )
     if isinstance(doc, dict):
-        shape = outcome((k8s_deviceplugin.ParameterError,), k8s_deviceplugin.shape_of, doc)
-        if isinstance(shape, k8s_deviceplugin.PluginShape):
-            assert isinstance(shape.resource, str) and shape.resource
-            assert shape.per_gpu is None or 1 <= shape.per_gpu <= 1024
-            assert type(shape.labels) is bool and 0 <= shape.metrics_port <= 65535
+        cfg = outcome((k8s_deviceplugin.ParameterError,), k8s_deviceplugin.load_config, doc)
+        if not isinstance(cfg, k8s_deviceplugin.ParameterError):
+            advertised = cfg.advertised()
+            assert isinstance(advertised.resource, str) and advertised.resource
+            assert advertised.per_gpu is None or 1 <= advertised.per_gpu <= 1024
+            assert type(cfg.labels_enabled) is bool and 0 <= cfg.http_port <= 65535
 
 
 @FUZZ
 @given(st.dictionaries(st.text(max_size=10), st.one_of(JSON_VALUES, st.text(max_size=12)), max_size=4))
 def test_expected_gpus_are_whole_counts_or_a_parameter_error(expected: dict[str, Any]) -> None:
-    shape = k8s_deviceplugin.PluginShape("nvidia.com/gpu", 4, True, False, 0)
     counts = outcome(
         (k8s_deviceplugin.ParameterError,),
         k8s_deviceplugin.expected_counts,
         {"expected_gpus": expected},
-        shape,
+        Advertised("nvidia.com/gpu", 4),
     )
     if isinstance(counts, dict):
         assert all(
@@ -153,26 +154,30 @@ def test_expected_gpus_are_whole_counts_or_a_parameter_error(expected: dict[str,
     ],
 )
 def test_malformed_plugin_config_is_a_parameter_error_not_a_module_crash(cfg: dict[str, Any]) -> None:
+    doc = k8s_deviceplugin.plugin_config({**DP_PARAMS, "plugin_config": cfg})
     with pytest.raises(k8s_deviceplugin.ParameterError, match="plugin_config"):
-        k8s_deviceplugin.shape_of(cfg)
+        k8s_deviceplugin.load_config(doc)
+
+
+def _read(cfg: dict[str, Any]) -> Any:
+    return k8s_deviceplugin.load_config(k8s_deviceplugin.plugin_config({**DP_PARAMS, "plugin_config": cfg}))
 
 
 def test_labels_disabled_as_text_is_read_as_the_plugin_reads_it() -> None:
     # bool("false") is True: the module granted node RBAC the plugin would not use.
-    assert k8s_deviceplugin.shape_of({"labels": {"enabled": "false"}}).labels is False
-    assert k8s_deviceplugin.shape_of({"labels": {"enabled": "yes"}}).labels is True
+    assert _read({"labels": {"enabled": "false"}}).labels_enabled is False
+    assert _read({"labels": {"enabled": "yes"}}).labels_enabled is True
 
 
 @pytest.mark.parametrize("gpus", [float("inf"), 2.7, -3, [1], "many", True, 10**12])
 def test_expected_gpus_that_are_not_a_whole_count_are_refused(gpus: Any) -> None:
-    shape = k8s_deviceplugin.PluginShape("nvidia.com/gpu", 1, True, False, 0)
     with pytest.raises(k8s_deviceplugin.ParameterError, match=r"expected_gpus\.node-a"):
-        k8s_deviceplugin.expected_counts({"expected_gpus": {"node-a": gpus}}, shape)
+        k8s_deviceplugin.expected_counts({"expected_gpus": {"node-a": gpus}}, Advertised("nvidia.com/gpu", 1))
 
 
 def test_expected_gpus_still_read_from_numbers_and_digits() -> None:
-    shape = k8s_deviceplugin.PluginShape("nvidia.com/gpu", 2, True, False, 0)
-    assert k8s_deviceplugin.expected_counts({"expected_gpus": {"a": 4, "b": "8", "c": 2.0}}, shape) == {
+    two = Advertised("nvidia.com/gpu", 2)
+    assert k8s_deviceplugin.expected_counts({"expected_gpus": {"a": 4, "b": "8", "c": 2.0}}, two) == {
         "a": 8,
         "b": 16,
         "c": 4,

@@ -404,6 +404,16 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         timings[name] = round(time.monotonic() - started, 1)
 
 
+def scheduler_config_options(control_plane: ControlPlane, health_port: int) -> tuple[str, dict[str, str]]:
+    """The extender module's ``scheduler_config_version`` for the lab's kube-scheduler, and the options that
+    version needs here: v1 (1.25 and later: health on the secure port) needs none; v1beta1 (1.20) gets its
+    plain-HTTP healthz and metrics onto loopback and a free port."""
+    if not control_plane.legacy:
+        return "v1", {}
+    bind = f"127.0.0.1:{health_port}"
+    return "v1beta1", {"healthz_bind_address": bind, "metrics_bind_address": bind}
+
+
 def copy_kubeconfig(control_plane: ControlPlane, tmp: Path, user: str = "admin") -> Path:
     """A private copy of a lab kubeconfig (tests may edit it)."""
     target = tmp / f"{user.replace(':', '_')}.kubeconfig"

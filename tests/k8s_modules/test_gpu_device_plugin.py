@@ -93,7 +93,7 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
     applied = run_tasks([{MODULE: changed}], tmp_path).task()
     assert applied["changed"]
     rules = _plain(rbac.read_cluster_role(name))["rules"]
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]} in rules
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]} in rules
     assert not _plain(apps.read_namespaced_daemon_set(name, name))["spec"]["template"]["spec"].get(
         "tolerations"
     )
@@ -119,7 +119,7 @@ def test_objects_idempotence_check_mode_diff_and_absent(stack: LabStack, tmp_pat
 def test_runtime_class_is_created_named_by_the_pods_left_alone_when_foreign_and_removed(
     stack: LabStack, tmp_path: Path
 ) -> None:
-    """The RuntimeClass of ``runtime_class`` (node.k8s.io/v1, served by the 1.20 API server) with its handler
+    """The RuntimeClass of ``runtime_class`` (node.k8s.io/v1: 1.37 and 1.20 serve it) with its handler
     and scheduling; the plugin pods name ``runtime_class_name``; a second run changes nothing; one that
     gpufleet did not create is neither adopted nor deleted; absent removes gpufleet's. Three playbook runs
     (several module tasks each)."""
@@ -407,9 +407,9 @@ def test_one_daemonset_serves_each_node_the_configuration_its_label_picks(
         )
         kept = run_tasks([{MODULE: args}], tmp_path).task()
         assert not kept.get("failed") and kept["nodes"]["gpu-a"]["config"] == "whole", kept
-        assert (
-            f"node gpu-a: label {CONFIG_LABEL}=inferense names no configuration (known: sliced, whole); "
-            "the plugin keeps 'whole'" in kept["warnings"]
+        assert (  # the plugin's own words for the refusal (Config.select), as in its event
+            f"node gpu-a: unknown device plugin configuration 'inferense' (label {CONFIG_LABEL}); "
+            "known: sliced, whole; the plugin keeps 'whole'" in kept["warnings"]
         )
 
         # the module's label taken away: gpu-b switches back to whole GPUs, live

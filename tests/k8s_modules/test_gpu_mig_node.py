@@ -1,6 +1,7 @@
-"""gpu_mig_node through ansible-playbook against the lab's real kube-apiserver (1.20): NVIDIA's MIG manager
-labels, cordon, GPU pods evicted through the Eviction API (policy/v1beta1 there), uncordon, on kubelet-less
-nodes. The pods' terminationGracePeriodSeconds is 0, so an evicted pod goes at once without a kubelet."""
+"""gpu_mig_node through ansible-playbook against the lab's real kube-apiserver: NVIDIA's MIG manager
+labels, cordon, GPU pods evicted through the Eviction API (policy/v1 on 1.37, v1beta1 on 1.20), uncordon,
+on kubelet-less nodes. The pods' terminationGracePeriodSeconds is 0, so an evicted pod goes at once
+without a kubelet."""
 
 from __future__ import annotations
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client as k8s
-from labstack import LabStack, run_tasks, timed
+from labstack import LabStack, run_tasks, scheduler_config_options, timed
 from modargs import COMMON_KINDS, admin_args, lab_extender_args, object_actions
 from modargs import EXTENDER as MODULE
 from modargs import plain as _plain
 
 from gpufleet.extender.schedconfig import SchedulerConfigOptions, render
+from gpufleet_harness.cluster.k8s_build import NEWEST_K8S_VERSION
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
 
@@ -86,7 +87,10 @@ def test_deploy_rollout_scheduler_config_manifest_surgery_restart_and_absent(
     scheduler_kubeconfig = cp.kubeconfig("system:kube-scheduler")
     secure_port, health_port = free_ports(2)
     manifest = tmp_path / "manifests" / "kube-scheduler.yaml"
-    original = write_kubeadm_manifest(manifest, scheduler_kubeconfig, secure_port)
+    original = write_kubeadm_manifest(
+        manifest, scheduler_kubeconfig, secure_port, cp.lab.artifacts.git_version
+    )
+    config_version, health_options = scheduler_config_options(cp, health_port)
     config_file = tmp_path / "gpufleet-scheduler-config.yaml"
     backups = tmp_path / "backups"
     url = f"http://{gpu_a.peer_ip}:8800/gpufleet"
@@ -94,13 +98,12 @@ def test_deploy_rollout_scheduler_config_manifest_surgery_restart_and_absent(
         "replicas": 1,
         "node_selector": {"kubernetes.io/hostname": "gpu-a"},
         "service_type": "ClusterIP",
-        "scheduler_config_version": "v1beta1",
+        "scheduler_config_version": config_version,
         "scheduler_config": {
             "url": url,
             "kubeconfig": str(scheduler_kubeconfig),
             "leader_elect": False,
-            "healthz_bind_address": f"127.0.0.1:{health_port}",
-            "metrics_bind_address": f"127.0.0.1:{health_port}",
+            **health_options,
         },
         "scheduler_config_file": str(config_file),
         "scheduler_manifest": str(manifest),
@@ -128,7 +131,7 @@ def test_deploy_rollout_scheduler_config_manifest_surgery_restart_and_absent(
         written = config_file.read_text()
         assert written == result["scheduler_config"]
         config = yaml.safe_load(written)
-        assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1beta1"
+        assert config["apiVersion"] == f"kubescheduler.config.k8s.io/{config_version}"
         assert config["extenders"][0]["urlPrefix"] == url
         assert config["clientConnection"]["kubeconfig"] == str(scheduler_kubeconfig)
         # surgical: the flag, one mount, one volume, one annotation - nothing else moved
@@ -199,7 +202,7 @@ def test_deploy_rollout_scheduler_config_manifest_surgery_restart_and_absent(
 
 def test_backup_dir_inside_manifests_dir_is_refused(tmp_path: Path) -> None:
     manifest = tmp_path / "manifests" / "kube-scheduler.yaml"
-    write_kubeadm_manifest(manifest, tmp_path / "scheduler.conf", 10259)
+    write_kubeadm_manifest(manifest, tmp_path / "scheduler.conf", 10259, f"v{NEWEST_K8S_VERSION}")
     args = {
         "deploy": False,
         "scheduler_config_content": "kind: KubeSchedulerConfiguration\n",

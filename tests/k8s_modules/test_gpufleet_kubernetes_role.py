@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client as k8s
-from labstack import REPO, SIM_DIR, LabStack, ensure_collection_link, timed
+from labstack import REPO, SIM_DIR, LabStack, ensure_collection_link, scheduler_config_options, timed
 
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
@@ -86,7 +86,10 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
     secure_port, health_port = free_ports(2)
     scheduler_kubeconfig = cp.kubeconfig("system:kube-scheduler")
     manifest = tmp_path / "manifests" / "kube-scheduler.yaml"
-    original = write_kubeadm_manifest(manifest, scheduler_kubeconfig, secure_port)
+    original = write_kubeadm_manifest(
+        manifest, scheduler_kubeconfig, secure_port, cp.lab.artifacts.git_version
+    )
+    config_version, health_options = scheduler_config_options(cp, health_port)
     config_file = tmp_path / "gpufleet-scheduler-config.yaml"
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     common = {
@@ -110,13 +113,12 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
             k: v for k, v in stack.pod_env().items() if k.startswith("KUBE")
         },
         "gpufleet_kubernetes_extender_node_selector": {"kubernetes.io/hostname": "gpu-a"},
-        "gpufleet_kubernetes_scheduler_config_version": "v1beta1",
+        "gpufleet_kubernetes_scheduler_config_version": config_version,
         "gpufleet_kubernetes_scheduler_config": {
             "url": f"http://{nodes['gpu-a'].node.peer_ip}:8800/gpufleet",
             "kubeconfig": str(scheduler_kubeconfig),
             "leader_elect": False,
-            "healthz_bind_address": f"127.0.0.1:{health_port}",
-            "metrics_bind_address": f"127.0.0.1:{health_port}",
+            **health_options,
         },
         "gpufleet_kubernetes_scheduler_config_file": str(config_file),
         "gpufleet_kubernetes_scheduler_manifest": str(manifest),

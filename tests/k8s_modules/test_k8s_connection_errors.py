@@ -3,13 +3,12 @@ the lab's real kube-apiserver: each says what failed, none shows a credential.""
 
 from __future__ import annotations
 
-import base64
 import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
-from labstack import LabStack, run_tasks, wait_until
+from labstack import LabStack, run_tasks
 from modargs import DEVICE_PLUGIN, EXTENDER, token_args
 
 from gpufleet_harness.cluster.process import free_ports
@@ -18,22 +17,11 @@ pytestmark = pytest.mark.cluster
 
 
 def _sa_token(stack: LabStack, namespace: str, name: str) -> str:
-    """Create a ServiceAccount and return its token (1.20: the tokens controller's secret)."""
+    """Create a ServiceAccount and return a token for it (TokenRequest API)."""
     core = stack.control_plane.core_v1()
-    api = core.api_client
     core.create_namespace({"metadata": {"name": namespace}})
     core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
-
-    def token() -> str | None:
-        account = api.sanitize_for_serialization(core.read_namespaced_service_account(name, namespace))
-        if not account.get("secrets"):
-            return None
-        secret = api.sanitize_for_serialization(
-            core.read_namespaced_secret(account["secrets"][0]["name"], namespace)
-        )
-        return base64.b64decode(secret["data"]["token"]).decode()
-
-    return str(wait_until(f"token of {namespace}/{name}", token, 30))
+    return stack.control_plane.service_account_token(namespace, name)
 
 
 def test_least_privilege_token_gets_forbidden_naming_verb_and_resource(

@@ -4,6 +4,7 @@ shapes, waits' explanations, connection option handling."""
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 from labstack import REPO, ensure_collection_link
 
+from gpufleet_harness.cluster.k8s_build import NEWEST_K8S_VERSION
 from gpufleet_harness.cluster.staticpod import write_kubeadm_manifest
 
 ensure_collection_link()
@@ -21,6 +23,8 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (  # noqa: 
     k8s_client,
     k8s_deviceplugin,
     k8s_extender,
+    k8s_module,
+    k8s_nodelabels,
     k8s_schedconfig,
     k8s_wait,
 )
@@ -62,7 +66,9 @@ def test_merge_patch_changes_only_what_differs_and_drops_what_was_removed() -> N
 # -- kube-scheduler manifest -----------------------------------------------------------------------
 def test_manifest_surgery_is_idempotent_and_reversible(tmp_path: Path) -> None:
     path = tmp_path / "kube-scheduler.yaml"
-    original = yaml.safe_load(write_kubeadm_manifest(path, Path("/etc/kubernetes/scheduler.conf"), 10259))
+    original = yaml.safe_load(
+        write_kubeadm_manifest(path, Path("/etc/kubernetes/scheduler.conf"), 10259, f"v{NEWEST_K8S_VERSION}")
+    )
     once = k8s_schedconfig.with_config(original, "/etc/kubernetes/gs.yaml", "h1")
     assert k8s_schedconfig.with_config(once, "/etc/kubernetes/gs.yaml", "h1") == once
     assert once["spec"]["containers"][0]["command"][-1] == "--config=/etc/kubernetes/gs.yaml"
@@ -110,6 +116,12 @@ def _dp_params(**over: object) -> dict:
     return params
 
 
+def _dp_config(config: dict, **over: object) -> Any:
+    """The plugin's Config for ``config``, as the module reads it (the plugin's loader, linked)."""
+    params = _dp_params(plugin_config=config, **over)
+    return k8s_deviceplugin.load_config(k8s_deviceplugin.plugin_config(params))
+
+
 @pytest.mark.parametrize(
     ("config", "rules"),
     [
@@ -118,15 +130,14 @@ def _dp_params(**over: object) -> dict:
             {"sharing": {"mode": "memory"}},
             [
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]},
             ],
         ),
         ({"labels": {"enabled": False}}, []),
     ],
 )
 def test_device_plugin_rbac_is_what_the_config_needs(config: dict, rules: list) -> None:
-    cfg = k8s_deviceplugin.plugin_config(_dp_params(plugin_config=config))
-    assert k8s_deviceplugin.rbac_rules(k8s_deviceplugin.shape_of(cfg)) == rules
+    assert k8s_deviceplugin.rbac_rules(_dp_config(config)) == rules
 
 
 def test_device_plugin_expected_counts_follow_sharing() -> None:
@@ -139,8 +150,8 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
         ({"mig": {"strategy": "none"}}, 8),
     ):
         params = _dp_params(plugin_config=config, expected_gpus={"n1": "8"})
-        shape = k8s_deviceplugin.shape_of(k8s_deviceplugin.plugin_config(params))
-        assert k8s_deviceplugin.expected_counts(params, shape) == {"n1": want}
+        advertised = _dp_config(config).advertised()
+        assert k8s_deviceplugin.expected_counts(params, advertised) == {"n1": want}
     with pytest.raises(
         k8s_deviceplugin.ParameterError, match=r"plugin_config\.node_name is set by the deployment"
     ):
@@ -149,7 +160,7 @@ def test_device_plugin_expected_counts_follow_sharing() -> None:
 
 # -- named configurations --------------------------------------------------------------------------
 NODES_GET_PATCH = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
-PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "patch"]}
+PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get", "patch"]}
 NAMED = {
     "configs": {
         "default": "training",
@@ -165,9 +176,9 @@ NAMED = {
 }
 
 
-def _named(config: dict) -> k8s_deviceplugin.NamedConfigs:
-    named = k8s_deviceplugin.named_configs(k8s_deviceplugin.plugin_config(_dp_params(plugin_config=config)))
-    assert named is not None
+def _named(config: dict) -> Any:
+    named = _dp_config(config)
+    assert named.named
     return named
 
 
@@ -187,10 +198,10 @@ def _named(config: dict) -> k8s_deviceplugin.NamedConfigs:
 )
 def test_named_configurations_add_the_node_watch_and_event_rules(config: dict, cluster_rules: list) -> None:
     params = _dp_params(plugin_config=config)
-    cfg = k8s_deviceplugin.plugin_config(params)
-    named = k8s_deviceplugin.named_configs(cfg)
-    assert k8s_deviceplugin.rbac_rules(k8s_deviceplugin.shape_of(cfg), named) == cluster_rules
-    wanted, unwanted = k8s_deviceplugin.build_objects(params, cfg)
+    doc = k8s_deviceplugin.plugin_config(params)
+    cfg = k8s_deviceplugin.load_config(doc)
+    assert k8s_deviceplugin.rbac_rules(cfg) == cluster_rules
+    wanted, unwanted = k8s_deviceplugin.build_objects(params, doc, cfg)
     roles = {(o["kind"], o["metadata"].get("namespace")): o for o in wanted}
     # events only where the plugin posts them, and only create
     assert roles[("Role", "default")]["rules"] == [
@@ -210,9 +221,9 @@ def test_runtime_class_object_and_the_plugin_pods_runtime_class_name() -> None:
     assert k8s_client.resource_for(obj).path(None).endswith("/apis/node.k8s.io/v1/runtimeclasses")
     plain = k8s_deviceplugin.runtime_class_objects(_dp_params(runtime_class={**wanted, "node_selector": {}}))
     assert "scheduling" not in plain[0]
-    shape = k8s_deviceplugin.shape_of(k8s_deviceplugin.plugin_config(params))
-    assert k8s_deviceplugin.pod_spec(params, shape)["runtimeClassName"] == "nvidia"
-    assert "runtimeClassName" not in k8s_deviceplugin.pod_spec(_dp_params(), shape)
+    cfg = k8s_deviceplugin.load_config(k8s_deviceplugin.plugin_config(params))
+    assert k8s_deviceplugin.pod_spec(params, cfg)["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in k8s_deviceplugin.pod_spec(_dp_params(), cfg)
 
 
 class _OneObject:
@@ -242,39 +253,38 @@ def test_a_runtime_class_someone_else_made_is_neither_adopted_nor_deleted() -> N
 
 def test_without_named_configurations_the_event_role_is_removed() -> None:
     params = _dp_params(plugin_config={})
-    wanted, unwanted = k8s_deviceplugin.build_objects(params, k8s_deviceplugin.plugin_config(params))
+    doc = k8s_deviceplugin.plugin_config(params)
+    wanted, unwanted = k8s_deviceplugin.build_objects(params, doc, k8s_deviceplugin.load_config(doc))
     assert [o["kind"] for o in unwanted] == ["Role", "RoleBinding"]
     assert {o["kind"] for o in wanted}.isdisjoint({"Role", "RoleBinding"})
 
 
 def test_each_node_is_expected_to_serve_what_its_label_picks() -> None:
     named = _named(NAMED)
-    assert named.label == "nvidia.com/device-plugin.config" and named.default == "training"
-    assert {n: (s.resource, s.per_gpu) for n, s in named.shapes.items()} == {
+    assert named.config_label == "nvidia.com/device-plugin.config" and named.config_default == "training"
+    assert {n: (c.advertised().resource, c.advertised().per_gpu) for n, c in named.named.items()} == {
         "training": ("nvidia.com/gpu", 1),
         "sliced": ("nvidia.com/gpu", 4),
         "renamed": ("nvidia.com/gpu.shared", 2),
     }
+    pick = k8s_deviceplugin.pick
 
     def node(**labels: str) -> dict:
         return {"metadata": {"labels": labels}}
 
     label = "nvidia.com/device-plugin.config"
-    assert named.pick(node()) == ("training", None)
-    assert named.pick(node(**{label: "sliced"})) == ("sliced", None)
+    assert pick(named, node()) == ("training", None)
+    assert pick(named, node(**{label: "sliced"})) == ("sliced", None)
     # an unknown name: the plugin keeps what it runs (published when labels are on), else the default
-    kept, warning = named.pick(node(**{label: "slicde", "gpufleet.io/device-plugin.config": "sliced"}))
+    kept, warning = pick(named, node(**{label: "slicde", "gpufleet.io/device-plugin.config": "sliced"}))
     assert kept == "sliced"
     assert warning == (
-        f"label {label}=slicde names no configuration (known: renamed, sliced, training); "
+        f"unknown device plugin configuration 'slicde' (label {label}); known: renamed, sliced, training; "
         "the plugin keeps 'sliced'"
     )
-    assert named.pick(node(**{label: "slicde"}))[0] == "training"
-    assert k8s_deviceplugin.devices(8, named.shapes["sliced"]) == 32
-    assert (
-        k8s_deviceplugin.default_shape(k8s_deviceplugin.plugin_config(_dp_params(plugin_config=NAMED)))
-        == (named.shapes["training"])
-    )
+    assert pick(named, node(**{label: "slicde"}))[0] == "training"
+    assert k8s_deviceplugin.devices(8, named.named["sliced"].advertised()) == 32
+    assert named.advertised() == named.named["training"].advertised()  # what the module reports
 
 
 def test_named_configurations_and_node_configs_are_checked_before_anything_is_written() -> None:
@@ -282,7 +292,9 @@ def test_named_configurations_and_node_configs_are_checked_before_anything_is_wr
         k8s_deviceplugin.ParameterError, match=r"configs\.default: expected one of a, b, got 'c'"
     ):
         _named({"configs": {"default": "c", "named": {"a": {}, "b": {}}}})
-    with pytest.raises(k8s_deviceplugin.ParameterError, match=r"replicas: .* \(in configs\.named\.b\)"):
+    with pytest.raises(
+        k8s_deviceplugin.ParameterError, match=r"configs\.named\.b\.sharing\.time_slicing\.replicas: "
+    ):
         _named({"configs": {"default": "a", "named": {"a": {}, "b": {"sharing": {
             "mode": "time-slicing", "time_slicing": {"replicas": 0}}}}}})  # fmt: skip
     named = _named(NAMED)
@@ -294,7 +306,7 @@ def test_named_configurations_and_node_configs_are_checked_before_anything_is_wr
     ):
         k8s_deviceplugin.node_config_names(_dp_params(node_configs={"n1": "x"}), named)
     with pytest.raises(k8s_deviceplugin.ParameterError, match=r"plugin_config has no named configurations"):
-        k8s_deviceplugin.node_config_names(_dp_params(node_configs={"n1": "x"}), None)
+        k8s_deviceplugin.node_config_names(_dp_params(node_configs={"n1": "x"}), _dp_config({}))
 
 
 OWNER = "gpufleet.io/device-plugin.config-label"
@@ -306,7 +318,7 @@ def _node(labels: dict, owner: str | None = None) -> dict:
 
 
 def test_config_label_is_set_recorded_and_removed_only_when_the_module_set_it() -> None:
-    patch = k8s_deviceplugin.config_label_patch
+    patch = k8s_nodelabels.config_label_patch
     set_it = patch(_node({}), LABEL, "sliced")
     assert set_it == {"metadata": {"labels": {LABEL: "sliced"}, "annotations": {OWNER: f"{LABEL}=sliced"}}}
     assert patch(_node({LABEL: "sliced"}, f"{LABEL}=sliced"), LABEL, "sliced") == {}
@@ -328,6 +340,45 @@ def test_config_label_is_set_recorded_and_removed_only_when_the_module_set_it() 
     # the configuration label renamed: the old key the module set goes, the new one is set
     moved = patch(_node({LABEL: "sliced"}, f"{LABEL}=sliced"), "example.com/config", "sliced")
     assert moved["metadata"]["labels"] == {LABEL: None, "example.com/config": "sliced"}
+
+
+# -- one check of a service's config file, by the service's own loader --------------------------------------
+def test_both_modules_check_the_file_they_deploy_with_its_loader_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.deviceplugin import config as dpconfig
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.extender import settings
+
+    def no_file(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a temporary file was made")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", no_file)
+    monkeypatch.setattr(tempfile, "mkstemp", no_file)
+    ext_params = {k: v.get("default") for k, v in k8s_extender.DEPLOY_ARGS.items()}
+    doc = k8s_extender.settings_doc({**ext_params, "settings": {"node_policy": "spread", "lock_wait": 0}})
+    k8s_extender.validate_with_extender(doc)
+    with pytest.raises(k8s_extender.ParameterError) as refused:
+        k8s_extender.validate_with_extender({**doc, "node_policy": "sideways"})
+    assert str(refused.value) == (
+        "settings are invalid: node_policy from config file settings: expected one of binpack, spread, "
+        "got 'sideways'"
+    )
+    dp_doc = k8s_deviceplugin.plugin_config(_dp_params(plugin_config={"sharing": {"mode": "memory"}}))
+    cfg = k8s_deviceplugin.load_config(dp_doc)
+    with pytest.raises(k8s_deviceplugin.ParameterError) as refused:
+        k8s_deviceplugin.load_config({**dp_doc, "health": {"bogus": 1}})
+    assert str(refused.value) == "plugin_config is invalid: plugin_config: health.bogus: unknown setting"
+    monkeypatch.undo()
+    # What each loader makes of the text is what it makes of a file holding it (the one the pods read).
+    ext_file, dp_file = tmp_path / "extender.yaml", tmp_path / "config.yaml"
+    ext_file.write_text(k8s_module.config_text(doc))
+    dp_file.write_text(k8s_module.config_text(dp_doc))
+    assert settings.load_settings(str(ext_file), env={}).node_policy.value == "spread"
+    assert settings.load_settings(str(ext_file), env={}) == settings.load_settings(
+        "settings", env={}, text=ext_file.read_text()
+    )
+    from_file = dpconfig.build(None, {"GPUFLEET_DP_CONFIG": str(dp_file), "NODE_NAME": "validation"})
+    assert from_file == cfg and cfg.sharing_mode == "memory"
 
 
 def test_extender_settings_pin_tls_paths_from_the_secret() -> None:
@@ -426,8 +477,8 @@ def test_named_wait_names_each_short_node_with_its_configuration() -> None:
     gpus = {"a": 8, "b": 2}
 
     def target(name: str, live: dict | None) -> tuple[str, int | None]:
-        shape = named.shapes[named.pick(live)[0]]
-        return shape.resource, k8s_deviceplugin.devices(gpus[name], shape)
+        advertised = named.named[k8s_deviceplugin.pick(named, live)[0]].advertised()
+        return advertised.resource, k8s_deviceplugin.devices(gpus[name], advertised)
 
     explain = k8s_deviceplugin.CapacityExplainer(kube, params, None, target)  # type: ignore[arg-type]
     with pytest.raises(k8s_wait.WaitTimeout) as failed:
@@ -443,23 +494,22 @@ def test_named_wait_names_each_short_node_with_its_configuration() -> None:
 
 
 def test_telemetry_gets_the_pod_resources_mount_and_scrape_annotations_where_metrics_are_served() -> None:
-    cfg = k8s_deviceplugin.plugin_config(_dp_params(plugin_config={"http": {"port": 9402}}))
-    shape = k8s_deviceplugin.shape_of(cfg)
-    spec = k8s_deviceplugin.pod_spec(_dp_params(), shape)
+    doc = k8s_deviceplugin.plugin_config(_dp_params(plugin_config={"http": {"port": 9402}}))
+    cfg = k8s_deviceplugin.load_config(doc)
+    spec = k8s_deviceplugin.pod_spec(_dp_params(), cfg)
     [volume] = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
     assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources"}
     [mount] = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
     assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
-    wanted, _ = k8s_deviceplugin.build_objects(_dp_params(plugin_config={"http": {"port": 9402}}), cfg)
+    wanted, _ = k8s_deviceplugin.build_objects(_dp_params(plugin_config={"http": {"port": 9402}}), doc, cfg)
     [daemonset] = [o for o in wanted if o["kind"] == "DaemonSet"]
     annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9402"
     # no /metrics, telemetry off, or no socket: no mount, no annotations
     for config in ({}, {"http": {"port": 9402}, "telemetry": {"enabled": False}},
                    {"http": {"port": 9402}, "telemetry": {"pod_resources_socket": ""}}):  # fmt: skip
-        shape = k8s_deviceplugin.shape_of(k8s_deviceplugin.plugin_config(_dp_params(plugin_config=config)))
-        volumes = k8s_deviceplugin.pod_spec(_dp_params(), shape)["volumes"]
+        volumes = k8s_deviceplugin.pod_spec(_dp_params(), _dp_config(config))["volumes"]
         assert all(v["name"] != "pod-resources" for v in volumes)
-    assert k8s_deviceplugin.scrape_annotations(k8s_deviceplugin.shape_of({})) == {}
-    with pytest.raises(k8s_deviceplugin.ParameterError, match="pod_resources_socket: an absolute path"):
-        k8s_deviceplugin.shape_of({"http": {"port": 1}, "telemetry": {"pod_resources_socket": "k.sock"}})
+    assert k8s_deviceplugin.scrape_annotations(_dp_config({})) == {}
+    with pytest.raises(k8s_deviceplugin.ParameterError, match="pod_resources_socket: expected an absolute"):
+        _dp_config({"http": {"port": 1}, "telemetry": {"pod_resources_socket": "k.sock"}})

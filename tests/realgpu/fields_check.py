@@ -14,6 +14,9 @@ Records, into fields-check.json in the folder given (default: .):
   can be checked against a memory-bound load sampled finer than dmon's 1 s.
 
     python3 fields_check.py OUTDIR
+
+The idle part (`idle`) and one sample of the series (`sample`) are functions, so the simulator's contract
+test (tests/sim/test_sim_fields_contract.py) asks the simulated H200 exactly what this asked the real one.
 """
 
 import ctypes
@@ -25,10 +28,9 @@ import time
 
 import pynvml as N
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "."
-os.makedirs(OUT, exist_ok=True)
 PROBE_TO = 320  # past NVML_FI_MAX of every header so far (310 in 13.x; pynvml 13.615.71 says 308)
 MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+ALL_LINKS = 0xFFFFFFFF
 start_load = threading.Event()
 stop_load = threading.Event()
 
@@ -50,6 +52,18 @@ def whole_call(h, count):
     return N.nvmlLib.nvmlDeviceGetFieldValues(h, ctypes.c_int(count), values)
 
 
+def idle(h):
+    """Idle: every id at scope 0 in one call, unknown ids, NVLink and power scopes, counts 0 and 1."""
+    return {
+        "all": fields(h, [(i, 0) for i in range(1, PROBE_TO)]),
+        "unknown": fields(h, [(0, 0), (5000, 0)]),
+        "nvlink_throughput": fields(h, [(i, s) for i in (138, 139, 140, 141) for s in (ALL_LINKS, 0)]),
+        "power_scopes": fields(h, [(i, s) for i in range(185, 193) for s in (0, 1, 2)]),
+        "count_0": whole_call(h, 0),
+        "count_1": whole_call(h, 1),
+    }
+
+
 def work():
     cuda = ctypes.CDLL("libcuda.so.1")
     dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
@@ -66,10 +80,11 @@ def work():
     cuda.cuCtxDestroy_v2(ctx)
 
 
-def sample(h, phase, t0):
+def sample(h, phase, t):
+    """One sample of the series, taken `t` seconds into it."""
     u = N.nvmlDeviceGetUtilizationRates(h)
     [mt, avg, inst] = fields(h, [(82, 0), (185, 0), (186, 0)])
-    return {"t": round(time.monotonic() - t0, 2), "phase": phase, "memory_temp": mt[2:],
+    return {"t": round(t, 2), "phase": phase, "memory_temp": mt[2:],
             "gpu_temp": N.nvmlDeviceGetTemperature(h, 0), "power_avg_field": avg[2:],
             "power_instant_field": inst[2:],
             "power_usage_mw": N.nvmlDeviceGetPowerUsage(h), "util": [u.gpu, u.memory],
@@ -77,35 +92,36 @@ def sample(h, phase, t0):
             "mem_used": N.nvmlDeviceGetMemoryInfo(h).used}
 
 
-N.nvmlInit()
-h = N.nvmlDeviceGetHandleByIndex(0)
-doc = {"driver": N.nvmlSystemGetDriverVersion(), "name": N.nvmlDeviceGetName(h)}
-doc["idle"] = {
-    "all": fields(h, [(i, 0) for i in range(1, PROBE_TO)]),
-    "unknown": fields(h, [(0, 0), (5000, 0)]),
-    "nvlink_throughput": fields(h, [(i, s) for i in (138, 139, 140, 141) for s in (0xFFFFFFFF, 0)]),
-    "power_scopes": fields(h, [(i, s) for i in range(185, 193) for s in (0, 1, 2)]),
-    "count_0": whole_call(h, 0),
-    "count_1": whole_call(h, 1),
-}
-worker = threading.Thread(target=work)
-worker.start()
-series, t0 = [], time.monotonic()
-for _ in range(6):
-    series.append(sample(h, "idle-before", t0))
-    time.sleep(0.5)
-start_load.set()
-for _ in range(24):
-    series.append(sample(h, "memset", t0))
-    time.sleep(0.5)
-stop_load.set()
-worker.join()
-for _ in range(12):
-    series.append(sample(h, "idle-after", t0))
-    time.sleep(0.5)
-doc["series"] = series
-with open(os.path.join(OUT, "fields-check.json"), "w") as fh:
-    json.dump(doc, fh, indent=1, default=str)
-print(f"wrote {os.path.join(OUT, 'fields-check.json')}: {sum(1 for r in doc['idle']['all'] if r[2] == 0)} "
-      f"of {PROBE_TO - 1} field ids answered idle; memory temperature "
-      f"{series[0]['memory_temp']} -> {max(r['memory_temp'][2] or 0 for r in series)} C")
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    os.makedirs(out, exist_ok=True)
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    doc = {"driver": N.nvmlSystemGetDriverVersion(), "name": N.nvmlDeviceGetName(h)}
+    doc["idle"] = idle(h)
+    worker = threading.Thread(target=work)
+    worker.start()
+    series, t0 = [], time.monotonic()
+    for _ in range(6):
+        series.append(sample(h, "idle-before", time.monotonic() - t0))
+        time.sleep(0.5)
+    start_load.set()
+    for _ in range(24):
+        series.append(sample(h, "memset", time.monotonic() - t0))
+        time.sleep(0.5)
+    stop_load.set()
+    worker.join()
+    for _ in range(12):
+        series.append(sample(h, "idle-after", time.monotonic() - t0))
+        time.sleep(0.5)
+    doc["series"] = series
+    with open(os.path.join(out, "fields-check.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+    answered = sum(1 for r in doc["idle"]["all"] if r[2] == 0)
+    print(f"wrote {os.path.join(out, 'fields-check.json')}: {answered} of {PROBE_TO - 1} field ids answered "
+          f"idle; memory temperature "
+          f"{series[0]['memory_temp']} -> {max(r['memory_temp'][2] or 0 for r in series)} C")
+
+
+if __name__ == "__main__":
+    main()

@@ -100,7 +100,7 @@ def test_validate_without_runtime_or_cluster_settings_is_not_a_pass(
     assert doc["status"] == "could not run" and doc["exit_code"] == 2 and doc["not_asked"] == []
     assert doc["hosts"]["sim-pcie-2x-t4"] == {"host": "PASS 7/7", "runtime": "NOT RUN", "cluster": "NOT RUN",
                                               "workload": "NOT RUN"}  # fmt: skip
-    assert doc["per_host"]["sim-pcie-2x-t4"] == "PASS 7/7, 11 NOT RUN"
+    assert doc["per_host"]["sim-pcie-2x-t4"] == "PASS 7/7, 13 NOT RUN"
     reasons = {g["suite"]: g["reason"] for g in doc["not_run"]}
     assert "gpufleet_validation_runtime" in reasons["runtime"]
     assert "gpufleet_validation_cluster" in reasons["cluster"] == reasons["workload"]

@@ -279,21 +279,32 @@ def test_folding_the_history_changes_no_reading(fresh_root: Roots, nvml: Runner)
         simcontrol.inject(root, ["clock", str(t)])
     t += 120
     simcontrol.inject(root, ["clock", str(t)])
+    # energy, power, temperature; the fields of the time held by the cap, idle, and the PCIe bytes
     read = ("n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0); "
             "out([n.nvmlDeviceGetTotalEnergyConsumption(h), n.nvmlDeviceGetPowerUsage(h), "
-            "n.nvmlDeviceGetTemperature(h, 0)])")
+            "n.nvmlDeviceGetTemperature(h, 0), "
+            "[v.value.ullVal if v.valueType == 3 else v.value.uiVal "
+            " for v in n.nvmlDeviceGetFieldValues(h, [74, 78, 80, 197, 198])]])")
     before = nvml(root, read)
     state = workload.read_state(root)
     machine = json.loads((root / "machine.json").read_text())
     params = workload.params_of(machine["gpus"][0])
-    assert before[0] == workload.energy_mj(params, state, 0, round(t * 1000))
+    at = round(t * 1000)
+    assert before[0] == workload.energy_mj(params, state, 0, at)
+    counted = workload.counters_at(params, state, 0, at)
     assert not state.settled and len(state.loads) == workload.FOLD_AFTER + 1
     simcontrol.inject(root, ["load", "0", "seconds", "1"])  # a writer folds
     state = workload.read_state(root)
     assert list(state.settled) == [0] and len(state.loads) == 1
     assert nvml(root, read) == before
-    assert before[0] == workload.energy_mj(params, state, 0, round(t * 1000))
+    assert before[0] == workload.energy_mj(params, state, 0, at)
     assert before[0] > params.idle_mw * t  # the folded workloads' energy is kept
+    # the counters too, folded into a `counters` line: as the library counted them, kept by the fold
+    assert state.settled[0].counters == counted == workload.counters_at(params, state, 0, at)
+    assert counted.idle_ms < at and counted.capped_ms > 0 and counted.tx_bytes > params.pcie_tx_kbps * at
+    h200_boot_tx = 1722550744  # the recorded H200's bytes before (native/fields.c)
+    assert before[3][3] == (h200_boot_tx + counted.tx_bytes) % (1 << 32)
+    assert before[3][1] == (counted.idle_ms - 12319) * 1_000_000  # low utilization after the driver's start
 
 
 def test_xids_injected_under_load_reach_an_event_set(fresh_root: Roots, nvml: Runner) -> None:

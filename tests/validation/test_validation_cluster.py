@@ -77,7 +77,8 @@ def deployed(stack: LabStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "env": {k: v for k, v in stack.pod_env().items() if k.startswith("KUBERNETES_")},
         "node_selector": {"kubernetes.io/hostname": "gpu-a"},
         "settings": {"lock_ttl": 30},
-        "scheduler_config_version": "v1beta1",
+        # the lab's scheduler reads v1 (1.25 and later; v1beta1 with the opt-in 1.20)
+        "scheduler_config_version": "v1beta1" if stack.control_plane.legacy else "v1",
         "scheduler_config_file": str(config_file),
         "scheduler_config": {"url": f"http://{nodes['gpu-a'].node.peer_ip}:8800/gpufleet"},
         "wait_timeout": 120,

@@ -125,7 +125,7 @@ def test_suites_the_expectations_cannot_feed_are_not_run_never_passed(
     assert doc["status"] == "could not run" and doc["exit_code"] == 2
     assert doc["hosts"]["t4"] == {"host": "PASS 7/7", "runtime": "NOT RUN", "cluster": "NOT RUN",
                                   "workload": "NOT RUN"}  # fmt: skip
-    assert doc["counts"]["not run"] == 2 + 4 + 5 and doc["not_asked"] == []
+    assert doc["counts"]["not run"] == 2 + 6 + 5 and doc["not_asked"] == []
     groups = {g["suite"]: g for g in doc["not_run"]}
     assert list(groups) == ["runtime", "cluster", "workload"]
     no_runtime = groups["runtime"]

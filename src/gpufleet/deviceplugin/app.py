@@ -37,7 +37,6 @@ from gpufleet.logs import log_event, setup_logging
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 1
-CONFIG_LABEL_NAME = "device-plugin.config"  # under labels.prefix: the named configuration running
 MIG_REFUSED_REASON = "DevicePluginMigLayoutInvalid"  # Event: a configuration's MIG strategy cannot serve
 FIRST_LABEL_WAIT_S = (
     10.0  # at start, how long the first registration waits for the node's label (named configs)
@@ -87,6 +86,7 @@ class App:
             self.metrics,
         )
         self.resolver = resolver
+        self._own_resolver: PodResolver | None = None  # made here (not injected): closed at the end
         self.core_v1 = core_v1
         self.supervisor: Supervisor | None = None
         self.ready = asyncio.Event()
@@ -157,6 +157,9 @@ class App:
                     switch.clear()
                     self._apply_switch(publisher)
         finally:
+            if self._own_resolver is not None:
+                self._own_resolver.close()
+                self.resolver = self._own_resolver = None
             if watcher:
                 watcher.stop()
             if publisher:
@@ -180,10 +183,10 @@ class App:
             log_event("telemetry_off", level="warning", reason="the device source offers no GPU readings")
             return None
         attribute = None
-        if cfg.telemetry_pod_resources_socket:
+        if cfg.pod_resources_in_use:
             configs = [cfg, *cfg.named.values()]
             attribute = PodAttributor(
-                PodResourcesClient(cfg.telemetry_pod_resources_socket),
+                PodResourcesClient(cfg.pod_resources_in_use),
                 {c.sharing_memory_resource_name for c in configs},
                 AssignmentCache(self._pod_annotations),
             )
@@ -236,14 +239,18 @@ class App:
         for spec in self.specs:
             allocator = None
             if spec.kind is ResourceKind.MEMORY:
-                resolver = self.resolver or KubernetesPodResolver(self._api())
+                if self.resolver is None:
+                    # One per process, kept across configuration switches: its watch of the node's pods
+                    # stays synced. Closed when the plugin stops (`run`).
+                    self.resolver = self._own_resolver = KubernetesPodResolver(self._api())
                 allocator = MemoryHandoff(
-                    resolver,
+                    self.resolver,
                     cfg.node_name,
                     lambda: self.rm.inventory().by_uuid(),
                     self.rm.gpu_health,
                     opts,
                     self.metrics,
+                    resource=spec.name,
                 )
             service = DevicePluginService(spec, self.rm, wakeup, opts, self.metrics, allocator)
             servers.append(PluginServer(service, cfg.socket_dir))
@@ -353,7 +360,7 @@ class App:
         cfg = self.cfg
         if not cfg.named:
             return {}
-        return {f"{cfg.labels_prefix}/{CONFIG_LABEL_NAME}": cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
+        return {cfg.running_label: cfg.config_name, SHARING_LABEL: cfg.sharing_mode}
 
     def _publisher(self) -> NodePublisher | None:
         cfg = self.cfg

@@ -25,11 +25,11 @@ from typing import Any
 from ..handoff import GPU_MEM_RESOURCE, LABEL_PREFIX, WHOLE_GPU_RESOURCE
 from ..layered import Layer, as_bool, as_str, choice, int_in, merge, seconds
 from ..logs import log_event
-from ..yamlfile import YamlFileError, read_yaml
+from ..yamlfile import YamlFileError, parse_yaml, read_yaml
 from .api.constants import DEFAULT_SOCKET_DIR, POD_RESOURCES_SOCKET
-from .gfd import DOMAIN as GFD_DOMAIN
-from .gfd import MODES as GFD_MODES
-from .gfd import gfd_profile
+from .gfd_names import DOMAIN as GFD_DOMAIN
+from .gfd_names import MODES as GFD_MODES
+from .gfd_names import gfd_profile
 from .rm.devices import ResourceKind, ResourceSpec
 from .rm.health import DEFAULT_IGNORED_XIDS
 from .rm.model import NodeInventory
@@ -46,6 +46,8 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 # The label that picks a node's named configuration: NVIDIA's, so nodes labelled for NVIDIA's plugin keep it.
 DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+# Under labels.prefix: the node label where the plugin publishes the named configuration it runs.
+CONFIG_LABEL_NAME = "device-plugin.config"
 # Settings a named configuration may set: what a node's kind changes. Process-wide settings (sockets, the
 # node's name, NVML, health checking, HTTP, logs, API access) stay in the base file, flags and environment:
 # a switch keeps the process, its NVML session and every GPU's health.
@@ -70,6 +72,16 @@ class MountSpec:
     host_path: str
     container_path: str
     read_only: bool = True
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """What a configuration advertises as far as the configuration alone says, before any GPU is read: the
+    resource a node serving it reports, and how many devices each GPU adds to it (None when the GPUs
+    decide: one per GiB of memory, or the MIG devices of the node's layout)."""
+
+    resource: str
+    per_gpu: int | None
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,26 @@ class Config:
             return [ResourceSpec(self.sharing_memory_resource_name, ResourceKind.MEMORY)]
         return [ResourceSpec(self.resource_name, ResourceKind.GPU)]
 
+    def advertised(self) -> Advertised:
+        """The first resource of :meth:`resources` (with MIG strategy single or mixed too: the whole-GPU
+        name) and its devices per GPU, without NVML: whole GPUs one, time-slicing its replicas."""
+        if self.mig_strategy != "none":
+            return Advertised(self.resource_name, None)
+        spec = self.resources()[0]
+        per_gpu = {ResourceKind.GPU: 1, ResourceKind.REPLICA: spec.replicas}.get(spec.kind)
+        return Advertised(spec.name, per_gpu)
+
+    @property
+    def pod_resources_in_use(self) -> str:
+        """The kubelet's PodResources socket the plugin connects to, "" when none: telemetry's, which runs
+        only where /metrics is served (http.port) and telemetry is enabled."""
+        return self.telemetry_pod_resources_socket if self.http_port and self.telemetry_enabled else ""
+
+    @property
+    def running_label(self) -> str:
+        """The node label where the plugin publishes the named configuration it runs (labels.enabled)."""
+        return f"{self.labels_prefix}/{CONFIG_LABEL_NAME}"
+
 
 def mig_resource_name(resource_name: str, profile: str) -> str:
     """`nvidia.com/mig-1g.10gb`: the domain of the whole-GPU resource, `mig-` and the profile (with the
@@ -207,7 +239,7 @@ def _xids(v: Any) -> tuple[int, ...]:
 
 def _resource_name(v: Any) -> str:
     name = as_str(v)
-    domain, _, short = name.partition("/")
+    domain, _slash, short = name.partition("/")
     if not domain or not short or "." not in domain or "/" in short:
         raise ValueError(
             f"expected an extended resource name like vendor.example/name, got {reprlib.repr(v)}"
@@ -391,6 +423,21 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         doc = read_yaml(path, MAX_CONFIG_BYTES)
     except YamlFileError as exc:
         raise ConfigError(f"{reprlib.repr(str(path))}: {exc}") from None
+    return _file_values(doc, path)
+
+
+def load_text(text: str, where: str) -> dict[str, Any]:
+    """:func:`load_file` for a config file's content, which ``where`` names in messages; nothing is read
+    or written (the Ansible module checks the file it is about to deploy)."""
+    try:
+        doc = parse_yaml(text, MAX_CONFIG_BYTES)
+    except YamlFileError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return _file_values(doc, where)
+
+
+def _file_values(doc: Any, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file's parsed document as load_file returns it; ConfigError naming ``path``."""
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -422,11 +469,13 @@ def build(
     args: argparse.Namespace | None = None,
     environ: Mapping[str, str] | None = None,
     file_values: Mapping[str, Any] | None = None,
+    file_name: str | None = None,
 ) -> Config:
-    """Merge defaults < file < environment < flags and validate; raise ConfigError listing every problem."""
+    """Merge defaults < file < environment < flags and validate; raise ConfigError listing every problem.
+    ``file_name`` names the file of ``file_values`` in messages (else --config's path or its variable's)."""
     environ = os.environ if environ is None else environ
     errors: list[str] = []
-    config_path = getattr(args, "config", None) or environ.get(CONFIG_ENV)
+    config_path = file_name or getattr(args, "config", None) or environ.get(CONFIG_ENV)
     if file_values is None and config_path:
         try:
             file_values = load_file(config_path)
@@ -500,7 +549,7 @@ def _with_named(
 
 def _label_key(v: Any) -> str:
     key = as_str(v)
-    prefix, _, name = key.rpartition("/")
+    prefix, _slash, name = key.rpartition("/")
     if (
         not name
         or len(name) > 63
@@ -540,6 +589,12 @@ def _cross_check(cfg: Config) -> list[str]:
     return errors
 
 
+def from_text(text: str, where: str, environ: Mapping[str, str] | None = None) -> Config:
+    """The Config a plugin starts with when its config file holds ``text``, with no flags and ``environ``
+    (default: none) as its environment; ``where`` names the text in messages. ConfigError as :func:`build`."""
+    return build(None, environ or {}, load_text(text, where), file_name=where)
+
+
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Parse the command line (and the environment and file it points at) into a Config."""
     parser = argparse.ArgumentParser(
@@ -550,14 +605,18 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
 
 
 __all__ = [
+    "CONFIG_LABEL_NAME",
     "CONFIG_VERSION",
     "DEFAULT_CONFIG_LABEL",
     "SETTINGS",
+    "Advertised",
     "Config",
     "ConfigError",
     "MigLayoutError",
     "MountSpec",
     "build",
+    "from_text",
     "load_file",
+    "load_text",
     "parse",
 ]

@@ -17,9 +17,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..logs import log_event
+from .gfd_names import DOMAIN, gfd_profile
 from .rm.model import MIB, GpuInfo, MigDeviceInfo, NodeInventory
 
-DOMAIN = "nvidia.com"
 GPU = f"{DOMAIN}/gpu"  # the full-GPU resource; its labels are `nvidia.com/gpu.<name>`
 MIG_PREFIX = f"{DOMAIN}/mig-"  # `nvidia.com/mig-<profile>.<name>` under mig.strategy mixed
 
@@ -29,7 +29,6 @@ OPERATOR_GFD_LABEL = f"{DOMAIN}/gpu.deploy.gpu-feature-discovery"  # the GPU ope
 NFD_FEATURE_LABELS = "nfd.node.kubernetes.io/feature-labels"  # NFD's list of the labels it manages
 OWNED_ANNOTATION = "gpufleet.io/gfd-labels"  # the nvidia.com labels this plugin wrote last
 
-MODES = ("auto", "on", "off")
 UNKNOWN = "unknown"
 CLASS_VGA = 0x030000
 CLASS_3D = 0x030200
@@ -94,12 +93,6 @@ def family(major: int, minor: int) -> str:
     names = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell",
              12: "blackwell", 13: "rubin"}  # fmt: skip
     return names.get(major, "undefined")
-
-
-def gfd_profile(profile: str) -> str:
-    """A MIG profile as GFD names its resource and labels: `1g.18gb+me` → `1g.18gb.me` (a `+` is not
-    allowed in a resource or label name)."""
-    return profile.replace("+", ".")
 
 
 def _resource(name: str, labels: Mapping[str, object]) -> dict[str, str]:
@@ -203,7 +196,7 @@ def _mig(inv: NodeInventory, strategy: str) -> dict[str, str]:
         log_event("gfd_mig_invalid", level="warning", reason=problem)
         invalid = _base(0, 0, "", enabled[0].model, "MIG", "INVALID") | {"memory": 0}
         return out | _resource(GPU, invalid)
-    ((_profile, found),) = by_profile.items()
+    found = next(iter(by_profile.values()))  # one profile: `problem` is empty only then
     return out | _mig_resource(GPU, *found[0], len(found))
 
 

@@ -17,9 +17,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpufleet.extender.binder import Binder, BindError
+from gpufleet.extender.bindlocks import ReservationsFull
 from gpufleet.extender.metrics import Metrics
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
-from gpufleet.extender.scheduling import MAX_PRIORITY, Candidates, ScoreTable, filter_nodes, score_table
+from gpufleet.extender.scheduling import (
+    MAX_PRIORITY,
+    Candidates,
+    ScoreTable,
+    choose,
+    filter_nodes,
+    score_table,
+)
 from gpufleet.extender.state import ClusterState
 
 
@@ -110,8 +118,10 @@ class ExtenderApi:
         node_policy: Policy = Policy.BINPACK,
         gpu_policy: Policy = Policy.BINPACK,
         clock: Callable[[], float] = time.time,
+        filter_wait: float = 0.0,
     ) -> None:
         self.state = state
+        self.filter_wait = filter_wait
         self.binder = binder
         self.metrics = metrics
         self.node_policy = node_policy
@@ -142,7 +152,31 @@ class ExtenderApi:
         if not self.state.synced:
             result["Error"] = "gpufleet extender: cache not synced yet; retry"
             return result
-        outcome = filter_nodes(self.state, req, candidates, self.gpu_policy, self.clock())
+        now = self.clock()
+        outcome = filter_nodes(self.state, req, candidates, self.gpu_policy, now)
+        fitting = len(outcome.fits)
+        if req.kind == "mem" and outcome.fits:
+            # The extender places GPU memory itself: it answers the one node it chose and holds that
+            # placement for the pod until its bind (docs/extender.md, "Decisions").
+            if by_name:
+                chosen: Candidates = outcome.fits
+            else:
+                fit_names = set(outcome.fits)
+                chosen = [
+                    c for c in candidates if not isinstance(c, str) and c["metadata"]["name"] in fit_names
+                ]
+            try:
+                name, waited = choose(
+                    self.state, req, chosen, self.node_policy, self.gpu_policy, self.filter_wait
+                )
+            except ReservationsFull as exc:
+                self.metrics.inc("gpufleet_extender_reservations_refused_total")
+                outcome.fits = []
+                outcome.error = f"gpufleet extender: {exc}"
+            else:
+                outcome.fits = [name] if name else []
+                if waited:
+                    self.metrics.inc("gpufleet_extender_filter_waits_total")
         if by_name:
             result["NodeNames"] = outcome.fits
         else:
@@ -159,7 +193,7 @@ class ExtenderApi:
         result["FailedNodes"] = {**outcome.failed, **outcome.unresolvable}
         result["FailedAndUnresolvableNodes"] = outcome.unresolvable
         result["Error"] = outcome.error
-        self.metrics.inc("gpufleet_extender_filter_nodes_total", len(outcome.fits), outcome="fit")
+        self.metrics.inc("gpufleet_extender_filter_nodes_total", fitting, outcome="fit")
         self.metrics.inc("gpufleet_extender_filter_nodes_total", len(outcome.failed), outcome="failed")
         self.metrics.inc(
             "gpufleet_extender_filter_nodes_total", len(outcome.unresolvable), outcome="unresolvable"
@@ -173,7 +207,7 @@ class ExtenderApi:
         decision. The bytes are exactly `json.dumps(filter(args), separators=(",", ":"))`.
         """
         result = self.filter(args)
-        self._keys.trim(2 * len(self.state.index) + 1000)
+        self._keys.trim(2 * self.state.node_count() + 1000)
         self._reasons.trim(10_000)
         keys, reasons = self._keys, self._reasons
         parts = []
@@ -198,7 +232,7 @@ class ExtenderApi:
         At 5,000 nodes, building and encoding one dict per node cost more than the decision.
         """
         table = self._table(args)
-        self._hosts.trim(2 * len(self.state.index) + 1000)
+        self._hosts.trim(2 * self.state.node_count() + 1000)
         return ("[" + ",".join(table.encode(self._hosts, _SCORE_TAILS)) + "]").encode()
 
     def _table(self, args: Any) -> ScoreTable:

@@ -1,14 +1,18 @@
-"""The bind verb: reserve GPUs, take the node's bind-lock, annotate the pod, create the Binding.
+"""The bind verb: take the node's turn and bind-lock, annotate the pod, create the Binding.
 
 Order and guarantees (docs/handoff.md, docs/extender.md):
-1. reserve in this process's ledger, atomically with the fit check (no two local binds share GiB), then
-   queue for the node's in-process mutex (filter and prioritize see the reservation meanwhile);
-2. take the node's `gpufleet.io/bind-lock` with the Node's resourceVersion as precondition (no two
-   replicas hand off on one node at once; a live lock held by another pod means "node busy", unless
-   that hand-off is about to finish: then the bind waits up to `lock_wait` seconds for it);
-3. re-check the fit against a quorum list of the node's pods — our cache may lag another replica's
-   binds, the API cannot — and against the Node just read (GPU health may have changed);
-4. write the pod's `gpufleet.io/assignment` (UID precondition), then create the Binding (UID precondition).
+1. the pod's reservation: the one filter decided for this node, else planned now in this process's ledger,
+   atomically with the fit check (no two local decisions or binds share GiB);
+2. queue for the node's turn in this process (first come, first served, up to `bind_wait`);
+3. wait, through the watch, for another pod's hand-off on the node about to finish (up to `lock_wait`),
+   then take the node's `gpufleet.io/bind-lock` with the Node's resourceVersion as precondition (no two
+   replicas hand off on one node at once; a 409 means the cache was behind: read the node, retry);
+4. write the pod's `gpufleet.io/assignment` (UID and resourceVersion preconditions), and wait until this
+   process's own watch shows that write. Every pod write of every earlier bind to the node came before its
+   bind-lock was released, so before ours was taken: the watch, which delivers changes in order, now holds
+   all of them. Fit again against that view and the Node as locked (GPU health) — exact, without a list of
+   the node's pods — and re-annotate if the GPUs must change;
+5. create the Binding (UID precondition).
 Any failure undoes what was done, in reverse, and returns an error: the scheduler retries; a pod is never
 placed on GPUs that were not re-checked under the lock. Whole-GPU pods need neither lock nor annotation:
 the kubelet picks their devices.
@@ -16,12 +20,15 @@ the kubelet picks their devices.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+from gpufleet.extender.bindlocks import DECIDED, SETTLED, ReservationsFull
 from gpufleet.extender.cluster import (
     ApiError,
     ClusterSource,
@@ -34,13 +41,74 @@ from gpufleet.extender.model import NodeInfo, node_info
 from gpufleet.extender.placement import Placement, evaluate
 from gpufleet.extender.request import GpuRequest, Policy, RequestError, parse_pod
 from gpufleet.extender.state import ClusterState
-from gpufleet.extender.watchcache import pod_record
-from gpufleet.handoff import ASSIGNMENT_ANNOTATION, BIND_LOCK_ANNOTATION, Assignment, BindLock
+from gpufleet.handoff import (
+    ASSIGNMENT_ANNOTATION,
+    BIND_LOCK_ANNOTATION,
+    Assignment,
+    BindLock,
+    ContainerAssignment,
+)
 from gpufleet.logs import log_event
 
 LOCK_ATTEMPTS = 3
-# Seconds between reads of a node while waiting for another pod's hand-off to release its bind-lock.
-LOCK_POLL = 0.1
+# A bind refused because the extender's view was behind (another replica's bind, a conflict, a slow watch) is
+# for a pod that fit when filter decided it and will fit again at once. kube-scheduler 1.20 parks a pod whose
+# bind failed in its unschedulable queue for 60-90 s, and nothing about nodes moves it back; an update of the
+# pod itself moves it to the active queue at once. So after such a refusal the extender writes this
+# annotation on the pod (its value: the reason and the time), REQUEUE_DELAY seconds later, when the scheduler
+# has parked the pod. Not after "node busy": there the node's hand-offs are the limit, and a pod back at once
+# only meets the same queue (measured: in a 1,000-pod burst at capacity, six times the refusals and three
+# times the API server's CPU).
+REFUSED_ANNOTATION = "gpufleet.io/bind-refused"
+REQUEUE_REASONS = frozenset({"no_fit", "stale", "conflict", "lock_conflict", "lock_expired", "watch_lag"})
+REQUEUE_DELAY = 0.5
+# Most seconds a bind waits for its own watch to show the assignment it wrote (usually milliseconds).
+WATCH_WAIT = 5.0
+# Seconds kept between a write of this bind and its bind-lock's expiry: a bind that slow gives up rather than
+# write after the lock may have gone to another pod.
+LOCK_MARGIN = 2.0
+
+
+class _AlreadyBound(Exception):
+    """The pod turned out to be bound to the node already: an earlier attempt's reply was lost."""
+
+
+class NodeTurns:
+    """First come, first served turns per node for this process's binds (a plain lock wakes waiters in no
+    particular order: under a burst one bind could be passed over until it timed out)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._queues: dict[str, collections.deque[threading.Event]] = {}
+
+    def acquire(self, node: str, timeout: float) -> tuple[bool, bool]:
+        """Wait for the node's turn; (got it, had to wait behind another bind)."""
+        mine = threading.Event()
+        with self._guard:
+            line = self._queues.setdefault(node, collections.deque())
+            line.append(mine)
+            if len(line) == 1:
+                return True, False
+        if mine.wait(timeout):
+            return True, True
+        with self._guard:
+            if mine.is_set():
+                return True, True
+            line = self._queues[node]
+            line.remove(mine)
+            if not line:
+                del self._queues[node]
+        return False, True
+
+    def release(self, node: str) -> None:
+        """End the turn; the next bind in line gets it."""
+        with self._guard:
+            line = self._queues[node]
+            line.popleft()
+            if line:
+                line[0].set()
+            else:
+                del self._queues[node]
 
 
 class BindError(Exception):
@@ -73,18 +141,7 @@ class Binder:
         self.bind_wait = bind_wait
         self.clock = clock
         self.lock_wait = lock_wait
-        self._mutexes: dict[str, threading.Lock] = {}
-        self._mutexes_guard = threading.Lock()
-
-    def _acquire_node(self, node: str) -> threading.Lock:
-        """The node's in-process mutex, acquired (release it); BindError after `bind_wait` seconds."""
-        with self._mutexes_guard:
-            mutex = self._mutexes.setdefault(node, threading.Lock())
-        if not mutex.acquire(timeout=self.bind_wait):
-            raise BindError(
-                f"node {node} busy: another bind to it is still running in this extender", "node_busy"
-            )
-        return mutex
+        self.turns = NodeTurns()
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind the pod to the node or raise BindError; safe to retry."""
@@ -102,6 +159,10 @@ class Binder:
                 reason=exc.reason,
                 error=str(exc),
             )
+            if exc.reason in REQUEUE_REASONS and uid:
+                timer = threading.Timer(REQUEUE_DELAY, self._requeue, (namespace, name, uid, exc.reason))
+                timer.daemon = True
+                timer.start()
             raise
         self.metrics.inc("gpufleet_extender_binds_total", result="ok", reason="")
         self.metrics.observe("gpufleet_extender_bind_seconds", time.perf_counter() - started)
@@ -119,12 +180,20 @@ class Binder:
             whole=placement.whole if placement else None,
         )
 
-    def _read_pod(self, namespace: str, name: str, uid: str) -> tuple[GpuRequest, str | None, str]:
-        """The pod as stored now: its request, current node and resourceVersion.
+    def _requeue(self, namespace: str, name: str, uid: str, reason: str) -> None:
+        """Touch a refused pod (REFUSED_ANNOTATION) so the scheduler retries it after its backoff, not in a
+        minute; best effort."""
+        value = f"{reason} {self.clock():.3f}"
+        try:
+            self.cluster.patch_pod_annotations(namespace, name, uid, {REFUSED_ANNOTATION: value})
+        except ApiError as exc:
+            log_event("requeue_failed", logging.DEBUG, pod=f"{namespace}/{name}", error=str(exc))
+            return
+        self.metrics.inc("gpufleet_extender_requeues_total")
 
-        Read fresh rather than from the cache: a retried bind whose first reply was lost must see that
-        the pod is already bound, and the annotation patch is made conditional on this version.
-        """
+    def _read_pod(self, namespace: str, name: str, uid: str) -> tuple[GpuRequest, str | None, str]:
+        """The pod as stored now: its request, current node and resourceVersion (a retried bind whose first
+        reply was lost must see that the pod is already bound)."""
         try:
             obj = self.cluster.get_pod(namespace, name)
         except NotFoundError:
@@ -141,10 +210,24 @@ class Binder:
             raise BindError(str(exc), "bad_request") from None
         return req, (obj.get("spec") or {}).get("nodeName") or None, str(meta.get("resourceVersion") or "")
 
+    def _pod(self, namespace: str, name: str, uid: str) -> tuple[GpuRequest, str | None, str]:
+        """The pod's request, node and resourceVersion: from what filter and the watch already hold when they
+        know the pod (no read), else read. A stale cache costs a 409 on the annotation and a read then."""
+        key = f"{namespace}/{name}"
+        with self.state.lock:
+            record = self.state.pod(uid) if uid else None
+            reservation = self.state.reservation(uid) if uid else None
+            if record is not None and record.key == key and record.resource_version:
+                request = reservation.request if reservation is not None else None
+                request = request or record.request
+                if request is not None and request.uid == uid:
+                    return request, record.node_name, record.resource_version
+        return self._read_pod(namespace, name, uid)
+
     def _bind(self, namespace: str, name: str, uid: str, node: str) -> Placement | None:
         if not self.state.synced:
             raise BindError("extender cache not synced yet; retry", "not_synced")
-        req, bound_to, pod_version = self._read_pod(namespace, name, uid)
+        req, bound_to, pod_version = self._pod(namespace, name, uid)
         if bound_to == node:
             return None  # a retry after a lost reply: already done
         if bound_to:
@@ -155,47 +238,41 @@ class Binder:
             return None
         policy = req.gpu_policy or self.gpu_policy
         with self.state.lock:
-            entry = self.state.entry(node)
-            info = entry.info if entry else None
-        if info is None:
-            raise BindError(f"node {node} is not in the extender's cache", "unknown_node")
-        # Reserve before queueing for the node: filter and prioritize count this pod from now on, so the
-        # scheduler, which decides the next pods while earlier binds still run, does not send the node more
-        # than it holds. The cached lock may be stale; the lock is taken against the API below, which decides.
-        verdict = self.state.plan_and_reserve(req, dataclasses.replace(info, lock=None), policy, self.clock())
-        if verdict.placement is None:
-            raise BindError(f"node {node}: {verdict.reason}", "no_fit")
-        placement = verdict.placement
-        try:
-            mutex = self._acquire_node(node)
-        except BindError:
+            done = self.state.reservation(req.uid)
+            if done is not None and done.stage == SETTLED and done.usage.node == node:
+                return None  # this process bound it; the watch has not shown it yet
+        placement = self._reserve(req, node, policy)
+        # bind_wait for the turn, lock_wait for the hand-off before it: one budget, so a turn that came early
+        # leaves its bind more time for that hand-off (the whole stays under the scheduler's httpTimeout).
+        budget_end = time.monotonic() + self.bind_wait + self.lock_wait
+        granted, queued = self.turns.acquire(node, self.bind_wait)
+        if not granted:
             self.state.release(req.uid)
-            raise
+            raise BindError(
+                f"node {node} busy: {self.bind_wait:g}s passed waiting behind other binds to it in this "
+                "extender (bind_wait)",
+                "node_busy",
+            )
+        turn = time.monotonic()
         try:
-            locked = annotated = False
+            locked = False
+            written: list[str] = []  # the pod's resourceVersion after each assignment written
             try:
                 if req.kind == "mem":
-                    fresh = self._take_lock(node, req)
+                    fresh, lock_expires = self._take_lock(node, req, budget_end)
                     locked = True
-                    placement = self._recheck(req, fresh, policy)
-                    assignment = Assignment(node, placement.containers, self.clock())
-                    try:
-                        self.cluster.patch_pod_annotations(
-                            req.namespace,
-                            req.name,
-                            uid,
-                            {ASSIGNMENT_ANNOTATION: assignment.to_json()},
-                            resource_version=pod_version,
-                        )
-                    except ApiError as exc:
-                        raise BindError(f"cannot annotate pod {req.key}: {exc}", _api_reason(exc)) from None
-                    annotated = True
+                    placement = self._commit(req, uid, fresh, policy, pod_version, lock_expires, written)
+                    if self.clock() > lock_expires - LOCK_MARGIN:
+                        raise BindError(f"bind-lock on {node} about to expire; retry", "lock_expired")
                 self._create_binding(req, uid, node)
+            except _AlreadyBound:
+                self.state.release(req.uid)  # the watch shows it bound soon: its annotation counts then
+                return None
             except Exception as exc:
                 # When the Binding's outcome is unknown it may have happened: then the device plugin
                 # needs both the lock and the annotation, so leave them to expire on their own.
                 keep = isinstance(exc, BindError) and exc.reason == "outcome_unknown"
-                self._undo(req, uid, node, locked and not keep, annotated and not keep)
+                self._undo(req, uid, node, locked and not keep, bool(written) and not keep)
                 if isinstance(exc, BindError):
                     raise
                 log_event("bind_crashed", logging.ERROR, exc=exc, pod=req.key, node=node)
@@ -203,27 +280,54 @@ class Binder:
             self.state.settle(req.uid)
             return placement
         finally:
-            mutex.release()
+            if queued:
+                self.state.note_handoff(time.monotonic() - turn)
+            self.turns.release(node)
 
-    def _take_lock(self, node: str, req: GpuRequest) -> NodeInfo:
-        """Write our bind-lock on the node (resourceVersion precondition); return the node as locked.
+    def _reserve(self, req: GpuRequest, node: str, policy: Policy) -> Placement:
+        """The pod's placement on `node`: the one filter decided, else planned and reserved now.
+
+        Filter and prioritize count the pod from here on, while the bind queues: kube-scheduler decides the
+        next pods while earlier binds still run, and would otherwise send a node more than it holds."""
+        with self.state.lock:
+            entry = self.state.entry(node)
+            info = entry.info if entry else None
+            reservation = self.state.reservation(req.uid)
+            if info is None:
+                raise BindError(f"node {node} is not in the extender's cache", "unknown_node")
+            if reservation is not None and reservation.usage.node == node and reservation.stage == DECIDED:
+                self.state.begin(req.uid, self.clock())
+                return Placement(reservation.usage.containers, reservation.usage.whole, 0.0, 0.0, (0, 0, 0))
+            try:
+                verdict = self.state.plan_and_reserve(
+                    req, dataclasses.replace(info, lock=None), policy, self.clock()
+                )
+            except ReservationsFull as exc:
+                raise BindError(str(exc), "reservations_full") from None
+            if verdict.placement is None:
+                if reservation is not None and reservation.stage == DECIDED:
+                    self.state.release(req.uid)  # decided for another node: the scheduler chose this one
+                raise BindError(f"node {node}: {verdict.reason}", "no_fit")
+        return verdict.placement
+
+    def _take_lock(self, node: str, req: GpuRequest, budget_end: float) -> tuple[NodeInfo, float]:
+        """Write our bind-lock on the node; return the node as locked and the lock's expiry.
 
         Another pod's live lock fails the bind at once, unless its hand-off is about to finish
-        (`ClusterState.lock_blocks`): then the node is read again every `LOCK_POLL` seconds for up to
-        `lock_wait` seconds, holding this bind's reservation and the node's mutex meanwhile.
+        (`ClusterState.lock_blocks`): then the bind waits for the watch to show it gone, up to `lock_wait`
+        seconds or what its turn left of `bind_wait + lock_wait` (`budget_end`), holding its reservation and
+        the node's turn meanwhile. The precondition is the Node's
+        resourceVersion as the watch shows it; a 409 (the watch was behind) reads the node and tries again.
         """
-        deadline = time.monotonic() + self.lock_wait
+        deadline = max(time.monotonic() + self.lock_wait, budget_end) if self.lock_wait > 0 else 0.0
         conflicts = 0
         waited = False
+        fresh: NodeInfo | None = None
         while True:
-            try:
-                info = node_info(self.cluster.get_node(node))
-            except NotFoundError:
-                raise BindError(f"node {node} no longer exists", "unknown_node") from None
-            except ApiError as exc:
-                raise BindError(f"cannot read node {node}: {exc}", _api_reason(exc)) from None
-            now = self.clock()
+            info = fresh or self._cached_node(node)
+            fresh = None
             lock = info.lock
+            now = self.clock()
             if lock is not None and lock.live(now) and lock.pod_uid != req.uid:
                 if time.monotonic() < deadline and not self.state.lock_blocks(
                     node, lock.pod_uid, lock.expires, req.uid, now
@@ -231,7 +335,8 @@ class Binder:
                     if not waited:
                         waited = True
                         self.metrics.inc("gpufleet_extender_lock_waits_total")
-                    time.sleep(LOCK_POLL)
+                    moved = functools.partial(self._lock_moved, node, lock.pod_uid, info.resource_version)
+                    self.state.wait_until(("node", node), moved, min(deadline, time.monotonic() + 1.0))
                     continue
                 raise BindError(
                     f"node {node} busy: GPU-memory hand-off in progress for {lock.pod_key} "
@@ -244,57 +349,145 @@ class Binder:
                     node, {BIND_LOCK_ANNOTATION: mine.format()}, info.resource_version
                 )
             except ConflictError:
-                # Someone wrote the node since we read it: a kubelet status update or another binder.
+                # Someone wrote the node since the watch showed it: a kubelet status update, the device
+                # plugin releasing a lock, or another binder.
                 self.metrics.inc("gpufleet_extender_lock_conflicts_total")
                 conflicts += 1
                 if conflicts >= LOCK_ATTEMPTS:
                     raise BindError(
                         f"node {node} kept changing while taking its bind-lock; retry", "lock_conflict"
                     ) from None
+                fresh = self._read_node(node)
                 continue
             except ApiError as exc:
                 raise BindError(f"cannot lock node {node}: {exc}", _api_reason(exc)) from None
-            return node_info(updated)
+            return node_info(updated), mine.expires
 
-    def _recheck(self, req: GpuRequest, fresh: NodeInfo, policy: Policy) -> Placement:
-        """Under the lock, fit again against the API's pods on the node and the Node just read."""
-        try:
-            pods = self.cluster.list_pods_on_node(fresh.name)
-        except ApiError as exc:
-            raise BindError(f"cannot list pods on node {fresh.name}: {exc}", _api_reason(exc)) from None
-        api_used: dict[str, int] = {}
-        api_whole = 0
-        for obj in pods:
-            record = pod_record(obj)
-            if record is None or record.uid == req.uid or record.terminal:
-                continue
-            if record.assignment is not None and record.assignment.node == fresh.name:
-                waiting = [c.name for c in record.assignment.pending(record.allocated)]
-                if waiting:
-                    # Its lock expired before the device plugin allocated it; the plugin refuses any
-                    # other pod's Allocate while one is pending, so binding ours now would only fail.
-                    raise BindError(
-                        f"node {fresh.name} busy: {record.key} is bound but its GPU-memory "
-                        f"containers {', '.join(waiting)} are not allocated yet",
-                        "node_busy",
-                    )
-                for uuid, gib in record.assignment.shares().items():
-                    api_used[uuid] = api_used.get(uuid, 0) + gib
-            api_whole += record.whole
+    def _cached_node(self, node: str) -> NodeInfo:
         with self.state.lock:
+            entry = self.state.entry(node)
+            info = entry.info if entry else None
+        return info if info is not None else self._read_node(node)
+
+    def _read_node(self, node: str) -> NodeInfo:
+        try:
+            return node_info(self.cluster.get_node(node))
+        except NotFoundError:
+            raise BindError(f"node {node} no longer exists", "unknown_node") from None
+        except ApiError as exc:
+            raise BindError(f"cannot read node {node}: {exc}", _api_reason(exc)) from None
+
+    def _lock_moved(self, node: str, holder: str, version: str) -> bool | None:
+        """True once the watch shows the node changed since `version` or its lock no longer `holder`'s."""
+        entry = self.state.entry(node)
+        info = entry.info if entry else None
+        if info is None or info.resource_version != version:
+            return True
+        if info.lock is None or info.lock.pod_uid != holder or not info.lock.live(self.clock()):
+            return True
+        return None
+
+    def _commit(
+        self,
+        req: GpuRequest,
+        uid: str,
+        fresh: NodeInfo,
+        policy: Policy,
+        pod_version: str,
+        lock_expires: float,
+        written: list[str],
+    ) -> Placement:
+        """Annotate the pod, wait for the watch to show it, fit again against that view; the placement.
+
+        The lock was taken at some point of the API's history; the pod write comes after it, so once this
+        process's watch has delivered that write it has delivered every earlier write of every pod (a watch
+        delivers changes in order): every pod another bind placed on the node before our lock is in the
+        ledger. What the ledger holds beyond that (this process's reservations) only makes the check stricter.
+        """
+        own = self.state.own_usage(req.uid)
+        if own is None or own.node != fresh.name:
+            raise BindError(f"pod {req.key}: its reservation on {fresh.name} was dropped; retry", "stale")
+        assignment, version = self._annotate(req, uid, fresh.name, own.containers, pod_version, lock_expires)
+        written.append(version)
+        shown = self.state.wait_until(
+            ("pod", req.uid), lambda: self._shown(req.uid, assignment, version), time.monotonic() + WATCH_WAIT
+        )
+        if shown is None:
+            raise BindError(
+                f"the extender's watch did not show pod {req.key}'s assignment within {WATCH_WAIT:g}s; retry",
+                "watch_lag",
+            )
+        with self.state.lock:
+            waiting = self.state.handing_off(fresh.name, req.uid)
+            if waiting:
+                # Its lock expired before the device plugin allocated it; the plugin refuses any other pod's
+                # Allocate while one is pending, so binding ours now would only fail.
+                raise BindError(
+                    f"node {fresh.name} busy: {waiting[0].key} is bound but its GPU-memory containers "
+                    f"{', '.join(c.name for c in waiting[0].assignment.pending(waiting[0].allocated))} "  # type: ignore[union-attr]
+                    "are not allocated yet",
+                    "node_busy",
+                )
             used, whole = self.state.ledger(fresh.name, req.uid)
-            # The stricter of both views: the cache knows in-flight claims the API does not show yet,
-            # the API knows other replicas' binds the cache may not have seen.
-            combined = {u: max(used.get(u, 0), api_used.get(u, 0)) for u in used.keys() | api_used.keys()}
-            verdict = evaluate(fresh, combined, max(whole, api_whole), req, policy, self.clock())
-            if verdict.placement is None:
-                raise BindError(f"node {fresh.name} no longer fits: {verdict.reason}", "stale")
-            own = self.state.own_usage(req.uid)
-            if own is None or own.containers != verdict.placement.containers:
-                # The plan made from the cache was wrong: another replica's bind, or changed GPU health.
+            containers = own.containers
+            if not _still_fits(fresh, used, whole, own.shares):
+                verdict = evaluate(fresh, used, whole, req, policy, self.clock())
+                if verdict.placement is None:
+                    raise BindError(f"node {fresh.name} no longer fits: {verdict.reason}", "stale")
+                # The plan was wrong: another replica's bind, or changed GPU health.
                 self.metrics.inc("gpufleet_extender_recheck_replans_total")
                 self.state.reserve(req, fresh.name, verdict.placement, self.clock())
-            return verdict.placement
+                containers = verdict.placement.containers
+            placement = Placement(containers, own.whole, 0.0, 0.0, (0, 0, 0))
+        if containers != own.containers:
+            written.append(self._annotate(req, uid, fresh.name, containers, version, lock_expires)[1])
+        return placement
+
+    def _annotate(
+        self,
+        req: GpuRequest,
+        uid: str,
+        node: str,
+        containers: tuple[ContainerAssignment, ...],
+        pod_version: str,
+        lock_expires: float,
+    ) -> tuple[Assignment, str]:
+        """Write the pod's assignment (UID and resourceVersion preconditions); what was written and the pod's
+        new resourceVersion. A 409 from a stale version is read again once: the pod may be bound already."""
+        for attempt in range(2):
+            if self.clock() > lock_expires - LOCK_MARGIN:
+                raise BindError(f"bind-lock on {node} about to expire; retry", "lock_expired")
+            assignment = Assignment(node, containers, self.clock())
+            try:
+                updated = self.cluster.patch_pod_annotations(
+                    req.namespace, req.name, uid, {ASSIGNMENT_ANNOTATION: assignment.to_json()},
+                    resource_version=pod_version,
+                )  # fmt: skip
+            except ConflictError:
+                if attempt:
+                    raise BindError(
+                        f"pod {req.key} kept changing while annotating it; retry", "conflict"
+                    ) from None
+                _, bound_to, pod_version = self._read_pod(req.namespace, req.name, uid)
+                if bound_to == node:
+                    raise _AlreadyBound from None
+                if bound_to:
+                    raise BindError(
+                        f"pod {req.key} is already bound to {bound_to}", "already_bound"
+                    ) from None
+                continue
+            except ApiError as exc:
+                raise BindError(f"cannot annotate pod {req.key}: {exc}", _api_reason(exc)) from None
+            version = str((updated.get("metadata") or {}).get("resourceVersion") or "")
+            return Assignment.from_json(assignment.to_json()), version
+        raise AssertionError("unreachable")
+
+    def _shown(self, uid: str, assignment: Assignment, version: str) -> bool | None:
+        """True once the watch shows the pod with the assignment written (at its version or later)."""
+        record = self.state.pod(uid)
+        if record is not None and (record.assignment == assignment or record.resource_version == version):
+            return True
+        return None
 
     def _create_binding(self, req: GpuRequest, uid: str, node: str) -> None:
         try:
@@ -354,6 +547,15 @@ class Binder:
             except ApiError as exc:
                 log_event("undo_failed", logging.WARNING, step="lock", node=node, error=str(exc))
                 return
+
+
+def _still_fits(info: NodeInfo, used: dict[str, int], whole: int, shares: dict[str, int]) -> bool:
+    """Whether GiB per GPU `shares` still fit the node as locked, next to `used` (the others' claims): each
+    GPU there, healthy, not in MIG mode, with room. Anything else is for `evaluate` to say."""
+    if not info.sharing or info.gpu_error or info.passthrough or whole:
+        return False
+    gpus = {g.uuid: g for g in info.healthy}
+    return all(u in gpus and used.get(u, 0) + gib <= gpus[u].memory_gib for u, gib in shares.items())
 
 
 def _api_reason(exc: ApiError) -> str:

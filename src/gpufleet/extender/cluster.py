@@ -85,9 +85,6 @@ class ClusterSource(Protocol):
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as stored now."""
 
-    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        """Every pod bound to `node` now (a quorum read)."""
-
     def patch_pod_annotations(
         self,
         namespace: str,

@@ -6,8 +6,8 @@ costs one dict lookup and a few comparisons per candidate node, whatever its con
 
 * a node's healthy GPUs fall into few *kinds* (model tokens, compute capability) and a node's kinds into
   a *signature* shared by many nodes; a request's model/capability constraint is decided once per
-  signature (`RequestPlan.mode`), not per node or GPU, so a request shape never seen before is no slower
-  than a familiar one;
+  signature (`placement.RequestPlan.mode`), not per node or GPU, so a request shape never seen before is
+  no slower than a familiar one;
 * a `View` holds what the decisions need of the GPUs that qualify: free and total GiB largest first (fit,
   static misfit, shortfall), and the GPUs in binpack and spread order (which card prioritize would pick).
   The view of all healthy GPUs and, on mixed nodes, the view of each kind are built with the facts; other
@@ -23,13 +23,11 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.extender.model import NodeInfo
-from gpufleet.extender.placement import link, needs, shortfall
-from gpufleet.extender.request import GpuRequest
-from gpufleet.extender.rules import card_key, gpu_busy
+from gpufleet.extender.rules import card_key, gpu_busy, link
 
 # Record codes: what kind of node it is.
 ERROR = 0  # its GPUs cannot be read (NodeInfo.gpu_error): unresolvable for any GPU request
@@ -46,10 +44,8 @@ class Record:
     node or its ledger changes. Plain slots: in the hot loops, at 5,000 nodes, reading a field costs what
     indexing a tuple does, and the fields have names."""
 
-    code: int  # ERROR, SHARING or WHOLE
+    code: int  # ERROR, SHARING, WHOLE or PASS
     sig: int  # signature id (Signatures): which kinds of GPU the node has
-    most_free: int  # most free GiB on a healthy GPU (-1: no healthy GPU)
-    largest: int  # largest healthy GPU in GiB (-1: none)
     lock_expires: float  # bind-lock expiry (0.0: no lock)
     lock_uid: str  # the lock holder's pod UID ("": none)
     whole: int  # whole GPUs held by pods at positions unknown to the extender
@@ -64,7 +60,10 @@ class Record:
     total: tuple[int, ...]  # GiB per GPU, largest first
     meshed: bool  # every pair of healthy GPUs NVLinked: every multi-GPU set is perfect
     cap: tuple[int, int, int] | None  # View.cap
-    plain: bool  # shares memory, no whole-GPU pods, no bind-lock (live or not): only the GiB decide
+    # What requests came to on this node version, by request key (an int from ShapeIds, see
+    # `placement.RequestPlan.key_for`): their outcomes on this record and `evaluate`'s. It dies with the
+    # record, when the node or its ledger changes.
+    memo: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class View:
@@ -151,7 +150,6 @@ class NodeFacts:
         "free_p",
         "idle",
         "idle_cap",
-        "memo",
         "n",
         "nums",
         "shape",
@@ -178,10 +176,6 @@ class NodeFacts:
         self.idle_cap = min((shape.caps[p] for p in idle), default=None)
         self.view = View(tuple(range(n)), free_p, shape)
         self.views: dict[int, View] = {shape.full: self.view}
-        # What requests of one shape (an int from ClusterState.shape_ids) came to on this node version:
-        # `evaluate`'s verdicts for requests the index does not decide, prioritize's placement figures
-        # for those it does. They die with this version of the node.
-        self.memo: dict[int, Any] | None = None
         if len(shape.kinds) > 1:
             for k in range(len(shape.kinds)):
                 self.views[1 << k] = View(shape.positions(1 << k), free_p, shape)
@@ -211,7 +205,7 @@ class Signatures:
 
 
 class ShapeIds:
-    """Request shapes (and constraint modes) as small ints, so a node's memo finds a cached verdict by an int,
+    """Request shapes (and constraint modes) as small ints, so a record's memo finds an outcome by an int,
     not by hashing nested tuples per node. One per ClusterState. Ids are never reused: forgetting the table
     (at 4,096 shapes) only costs cache misses."""
 
@@ -232,80 +226,6 @@ class ShapeIds:
         return found
 
 
-# RequestPlan.mode: every kind of the signature qualifies.
-ALL = -1
-
-
-class RequestPlan:
-    """What one request needs per signature and per figure, worked out once per request, not per node."""
-
-    __slots__ = (
-        "_short",
-        "_sigs",
-        "_static",
-        "constrained",
-        "count",
-        "messages",
-        "modes",
-        "req",
-        "share",
-        "what",
-    )
-
-    def __init__(self, req: GpuRequest, sigs: Signatures) -> None:
-        self.req = req
-        self._sigs = sigs
-        self.constrained = req.constrained
-        first = req.mem[0] if req.mem else None
-        self.share = first.share if first else 0
-        self.count = first.gpus if first else 0
-        self.what = needs(self.share, self.count)
-        # Signature id -> ALL, 0 (no kind qualifies) or the bit mask of the kinds that do.
-        self.modes: dict[int, int] = {}
-        self.messages: dict[Any, str] = {}
-        self._short: dict[int, str] = {}
-        self._static: dict[int, str] = {}
-
-    def mode(self, sig: int) -> int:
-        """Which of the signature's kinds meet the request's model and capability constraints."""
-        mode = self.modes.get(sig)
-        if mode is None:
-            kinds = self._sigs.kinds[sig]
-            mode = 0
-            if self.constrained:
-                qualifies = self.req.gpu_qualifies
-                for k, (tokens, cc) in enumerate(kinds):
-                    if qualifies(tokens, cc):
-                        mode |= 1 << k
-            if not self.constrained or mode == (1 << len(kinds)) - 1:
-                mode = ALL
-            self.modes[sig] = mode
-        return mode
-
-    def all_qualify(self) -> frozenset[int]:
-        """The signatures (known so far) all of whose kinds qualify."""
-        return frozenset(sig for sig in range(len(self._sigs.kinds)) if self.mode(sig) == ALL)
-
-    def static_misfit(self, biggest: int) -> str:
-        """placement._mem_shortfall(static=True) for a single container; `biggest` -1: no GPU qualifies."""
-        reason = self._static.get(biggest)
-        if reason is None:
-            if biggest >= 0:
-                reason = f"needs {self.what}; the largest qualifying healthy GPU has {biggest} GiB"
-            else:
-                wanted = self.req.describe_constraints()
-                reason = f"no healthy GPU{' with ' + wanted if wanted else ''} (needs {self.what})"
-            self._static[biggest] = reason
-        return reason
-
-    def shortfall(self, most_free: int) -> str:
-        """placement.shortfall for the single container, memoised by the figure it names."""
-        reason = self._short.get(most_free)
-        if reason is None:
-            reason = self._short[most_free] = shortfall(self.share, self.count, most_free)
-        return reason
-
-
 def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: str, whole: int) -> Record:
     """A node's index record."""
     view = facts.view
@@ -313,8 +233,6 @@ def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: st
     return Record(
         code=shape.code,
         sig=shape.sig,
-        most_free=free[0] if free else -1,
-        largest=total[0] if total else -1,
         lock_expires=lock_expires,
         lock_uid=lock_uid,
         whole=whole,
@@ -328,5 +246,4 @@ def record(shape: NodeShape, facts: NodeFacts, lock_expires: float, lock_uid: st
         total=total,
         meshed=shape.meshed,
         cap=view.cap,
-        plain=shape.code == SHARING and not whole and not lock_uid,
     )

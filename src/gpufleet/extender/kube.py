@@ -2,7 +2,7 @@
 
 The client reads the kubeconfig or the service account (`gpufleet.kubeconfig`), builds the TLS connection
 pool and keeps the credentials fresh (exec plugins, rotated service-account tokens); the calls themselves go
-through that pool as plain HTTP requests. The generated API classes are not used: the extender makes eight
+through that pool as plain HTTP requests. The generated API classes are not used: the extender makes seven
 kinds of call, and in client 37 the first `CoreV1Api` builds about 250 pydantic models, 0.7 s of CPU before
 the first list. Objects stay plain dicts (the form the scheduler sends), cut to the fields decisions read as
 each list page or watch event arrives (`watchcache.project`), and watch streams are read line by line. A
@@ -168,13 +168,6 @@ class KubeCluster:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """GET the pod."""
         return self._request(f"get pod {namespace}/{name}", "GET", _pod_path(namespace, name))
-
-    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        """LIST pods with spec.nodeName=node (no resourceVersion: a quorum read)."""
-        doc = self._request(
-            f"list pods on {node}", "GET", _PATHS["pods"], {"fieldSelector": f"spec.nodeName={node}"}
-        )
-        return list(doc.get("items") or [])
 
     def patch_pod_annotations(
         self,

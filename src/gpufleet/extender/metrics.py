@@ -27,6 +27,18 @@ class Metrics(BaseMetrics):
             "counter",
             "Binds that waited for another pod's GPU-memory hand-off on the node to release its bind-lock.",
         ),
+        "gpufleet_extender_filter_waits_total": (
+            "counter",
+            "Filters that waited for a node's queue of hand-offs to shorten (filter_wait).",
+        ),
+        "gpufleet_extender_requeues_total": (
+            "counter",
+            "Refused binds whose pod got gpufleet.io/bind-refused, so the scheduler retries it soon.",
+        ),
+        "gpufleet_extender_reservations_refused_total": (
+            "counter",
+            "Filters refused because the reservation table was at max_reservations.",
+        ),
         "gpufleet_extender_recheck_replans_total": (
             "counter",
             "Binds whose GPUs changed on the re-check under the lock (the cache was behind).",

@@ -46,7 +46,7 @@ class Policy(StrEnum):
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:
     """`value` when it is a JSON object (None counts as empty); RequestError otherwise."""
-    if type(value) is dict:  # what JSON decodes to: no abstract-class check
+    if isinstance(value, dict):  # what JSON decodes to
         return value
     if value is None:
         return {}
@@ -132,6 +132,12 @@ class GpuRequest:
         return bool(self.models) or self.min_cc is not None
 
     @property
+    def multi(self) -> bool:
+        """Whether the pod takes several GPUs for one container (or whole GPUs): the score then weighs how
+        well they are linked."""
+        return self.whole > 1 or any(c.gpus > 1 for c in self.mem)
+
+    @property
     def max_share(self) -> int:
         """The largest per-GPU share among the containers (0 for whole-GPU requests)."""
         return max((c.share for c in self.mem), default=0)
@@ -172,7 +178,7 @@ def whole_gpus(spec: Mapping[str, Any]) -> int:
         _count(c.get("resources"), WHOLE_GPU_RESOURCE, f"container {preview(c.get('name'))}")
         for c in _objects(spec.get("containers"), "spec.containers")
     ]
-    return max(max(init, default=0), sum(app))
+    return max([*init, sum(app)])
 
 
 def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:

@@ -1,8 +1,9 @@
 """The placement rules, each written once: fit, card pick, utilisation and score.
 
-`placement` (the reference, one node at a time) and the fast path (`index`, `scheduling`, thousands of
-nodes per request) both call these. They are small and call nothing else per node, so the fast path pays
-one Python call per rule and node; the score runs once per request over all nodes (`composites`).
+`placement` calls these, both in its reference (`evaluate`, one node at a time) and in its decisions on
+index records (`decide_mem`, `decide_whole`, called for thousands of nodes per request). They are small
+and call no more than one other rule per node, so a decision pays a Python call or two per rule and node;
+the score runs once per request over all nodes (`composites`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpufleet.extender.model import Gpu
+
 # Relative weights of the score terms; NVLink and capability wishes outrank packing when present.
 W_POLICY = 1.0
 W_TOPOLOGY = 2.0
 W_CAPABILITY = 3.0
+# Pair weights for multi-GPU sets: NVLink is what the request is about; a shared NUMA node only breaks ties.
+_NVLINK = 1.0
+_SAME_NUMA = 0.25
 
 
 # ---------------------------------------------------------------------- fit
@@ -27,6 +33,15 @@ def fits(free: Sequence[int], share: int, count: int) -> bool:
 
 
 # ---------------------------------------------------------------------- card pick
+
+
+def link(a: Gpu, b: Gpu) -> float:
+    """How well two GPUs talk: NVLink beats a shared NUMA node beats nothing."""
+    if b.uuid in a.nvlink_peers or a.uuid in b.nvlink_peers:
+        return _NVLINK
+    if a.numa is not None and a.numa == b.numa:
+        return _SAME_NUMA
+    return 0.0
 
 
 def card_key(
@@ -61,6 +76,24 @@ def gpu_busy(used: int, memory: int) -> float:
     """How busy a GPU is, in [0, 1]: the share of its memory in use (a GPU without memory counts as busy).
     Exactly `min(1.0, used / memory)`, without the call."""
     return (used / memory if used < memory else 1.0) if memory else 1.0
+
+
+def busy_after(
+    nums: Sequence[int], sums: Sequence[float], n: int, chosen: Sequence[int], share: int
+) -> float:
+    """The `busy` of `node_utilization` once `share` more GiB are on each of the `chosen` GPUs (positions):
+    the node's n `gpu_busy` terms summed in their order, the chosen GPUs' as they become.
+
+    `nums` holds the GiB used on each GPU and then each GPU's GiB, `sums` each GPU's term and then what the
+    sum has added up before each term (`index.NodeFacts`): for one GPU, the sum from there on starts from
+    what came before it plus its new term, which adds exactly what summing every term in order does."""
+    if len(chosen) == 1:
+        p = chosen[0]
+        return sum(sums[p + 1 : n], sums[n + p] + gpu_busy(nums[p] + share, nums[n + p]))
+    terms = list(sums[:n])
+    for p in chosen:
+        terms[p] = gpu_busy(nums[p] + share, nums[n + p])
+    return sum(terms)
 
 
 def node_utilization(busy: float, whole: int, healthy: int) -> float:

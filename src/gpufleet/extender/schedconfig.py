@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from ..handoff import GPU_MEM_RESOURCE, WHOLE_GPU_RESOURCE
 
 API_VERSIONS = {
@@ -123,4 +121,6 @@ def scheduler_config(opts: SchedulerConfigOptions) -> dict[str, Any]:
 
 def render(opts: SchedulerConfigOptions) -> str:
     """The configuration as YAML, fields in the order the Go types declare them."""
+    import yaml  # here, not at the top: the module that imports this file runs where PyYAML may be absent
+
     return yaml.safe_dump(scheduler_config(opts), sort_keys=False, default_flow_style=False)

@@ -1,41 +1,28 @@
-"""Filter and prioritize over many nodes: the per-node decisions of `placement`, made fast and scored.
+"""Filter and prioritize over many nodes: each node's decision (`placement.decide_mem`, `decide_whole`),
+and the scores.
 
-One-container GPU-memory requests (any model/capability constraint, any GPU count) and whole-GPU requests
-are decided from the index the state keeps current on every cache change (gpufleet.extender.index): a
-dict lookup and a few comparisons per node, the same for a request shape never seen before as for a
-familiar one. Every other case, and every node the index leaves open, goes through `placement.evaluate`,
-the single source of truth (tests check that both agree, also across randomized cache histories), with
-verdicts reused per node version.
+For every candidate the state indexes, filter and prioritize call the request kind's decision on the
+node's index record (gpufleet.extender.index: kept current on every cache change, so a decision is a few
+comparisons, the same for a request shape never seen before as for a familiar one), and keep its outcome in
+the node's memo until the node or its ledger changes. Where a record cannot tell (an unknown node, the
+pod's own node, whose claim is left out, a Node object newer than the cache, a reason only the reference
+words), they ask `placement.evaluate`, the single source of truth. Tests check that both agree, also across
+randomized cache histories.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from gpufleet.extender.index import ALL, ERROR, PASS, SHARING, WHOLE, Record, RequestPlan
-from gpufleet.extender.ledger import NodeEntry
-from gpufleet.extender.model import NodeInfo, node_info
-from gpufleet.extender.placement import (
-    LEFT_TO_KUBELET,
-    NOT_SHARING,
-    SHARES_MEMORY,
-    Verdict,
-    too_few_free,
-    too_few_gpus,
-    whole_misfits,
-)
+from gpufleet.extender.bindlocks import DECIDED
+from gpufleet.extender.model import NodeInfo
+from gpufleet.extender.placement import FITS, Outcome, RequestPlan, decide_mem, decide_whole, outcome
 from gpufleet.extender.request import GpuRequest, Policy
-from gpufleet.extender.rules import (
-    capability_rank,
-    composites,
-    fits,
-    gpu_busy,
-    node_utilization,
-    policy_cards,
-    wish,
-)
+from gpufleet.extender.rules import capability_rank, composites, wish
 from gpufleet.extender.state import ClusterState
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
@@ -56,140 +43,21 @@ class FilterOutcome:
 Candidates = Sequence[str] | Sequence[Mapping[str, Any]]
 
 
-def _from_object(state: ClusterState, obj: Mapping[str, Any]) -> tuple[str, NodeInfo | None, str]:
-    """A Node object's name and parsed info (the cached parse when the resourceVersion matches)."""
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name") or "")
-    entry = state.entry(name)
-    if (
-        entry is not None
-        and entry.info is not None
-        and entry.info.resource_version == str(meta.get("resourceVersion") or "")
-    ):
-        return name, entry.info, ""
-    try:
-        # A newer Node: its GPUs are parsed again only if their annotation changed.
-        return name, node_info(obj, entry.info if entry is not None else None), ""
-    except ValueError as exc:
-        return name, None, str(exc)
+def _name(cand: str | Mapping[str, Any]) -> str:
+    return cand if isinstance(cand, str) else str((cand.get("metadata") or {}).get("name") or "")
 
 
 def _infos(state: ClusterState, candidates: Candidates) -> list[tuple[str, NodeInfo | None, str]]:
     """(name, NodeInfo or None, parse error) per candidate."""
-    out: list[tuple[str, NodeInfo | None, str]] = []
     with state.lock:
-        for cand in candidates:
-            if isinstance(cand, str):
-                entry = state.entry(cand)
-                out.append((cand, entry.info if entry else None, ""))
-            else:
-                out.append(_from_object(state, cand))
-    return out
-
-
-# What `_judge` keeps of a Verdict: the Placement's figures (None: no fit), the reason, unresolvable.
-# Plain data, small and outside the garbage collector's work, unlike Verdict and Placement objects.
-Outcome = tuple[tuple[float, float, tuple[int, int, int]] | None, str, bool]
-
-
-def _outcome(verdict: Verdict) -> Outcome:
-    p = verdict.placement
-    return (
-        ((p.utilization, p.topology, p.capability) if p is not None else None),
-        verdict.reason,
-        verdict.unresolvable,
-    )
-
-
-def _judge(
-    state: ClusterState,
-    plan: RequestPlan,
-    rest: Sequence[str | Mapping[str, Any]],
-    policy: Policy,
-    now: float,
-    own_node: str | None,
-) -> list[tuple[str, Outcome | None, str, float, str]]:
-    """`state.evaluate` for the candidates the index leaves open: (name, outcome or None with the error,
-    and the node's cached lock expiry and holder).
-
-    Outcomes are kept in the node's memo (so only until the node or its ledger changes) per request
-    shape; not for the pod's own node (its claim is subtracted) nor under a live lock (depends on the
-    pod). Constraints count by which of the node's GPUs they leave (the signature's kinds that qualify)
-    when that is not none of them and the request is for GPU memory: the verdict, reason included, is
-    then the same for every constraint that leaves the same GPUs, and a new model or capability wish is
-    served from the memo. Otherwise by the constraints themselves (their words are in the reason).
-    """
-    req = plan.req
-    shape = (tuple((c.gib, c.gpus) for c in req.mem), req.whole, req.most_capable, policy)
-    exact = state.shape_ids.id((shape, req.models, req.min_cc))
-    by_mode: dict[int, int] = {}
-    memory = req.kind == "mem"
-    get = state.index.get
-    modes = plan.modes
-    out: list[tuple[str, Outcome | None, str, float, str]] = []
-    for cand in rest:
-        info: NodeInfo | None = None
-        if isinstance(cand, str):
-            name, error = cand, ""
-            r = get(name)
-        else:
-            name, info, error = _from_object(state, cand)
-            r = get(name)
-            entry = state.entry(name)
-            if entry is not None and entry.info is info:
-                info = None  # the cached node: as by name
-            elif info is None:
-                out.append((name, None, error, 0.0, ""))
-                continue
-        if r is None:
-            if info is None:
-                out.append((name, None, error or UNKNOWN_NODE, 0.0, ""))
-                continue
-            outcome = _outcome(state.evaluate(req, info, policy, now))
-            out.append((name, outcome, "", *_lock_of(state.entry(name))))
-            continue
-        cache = None
-        if info is None and name != own_node and r.lock_expires <= now:
-            facts = r.facts
-            mode = modes.get(r.sig)
-            if mode is None:
-                mode = plan.mode(r.sig)
-            key = exact
-            if memory and mode and r.n:
-                key = by_mode.get(mode, -1)
-                if key < 0:
-                    key = by_mode[mode] = state.shape_ids.id((shape, mode))
-            cache = facts.memo
-            if cache is None:
-                cache = facts.memo = {}
-            else:
-                known = cache.get(key)
-                if known is not None:
-                    out.append((name, known, "", r.lock_expires, r.lock_uid))
-                    continue
-        if info is None:
-            entry = state.entry(name)
-            assert entry is not None and entry.info is not None
-            info = entry.info
-        outcome = _outcome(state.evaluate(req, info, policy, now))
-        if cache is not None:
-            if len(cache) >= _MEMO:
-                cache.clear()
-            cache[key] = outcome
-        out.append((name, outcome, "", r.lock_expires, r.lock_uid))
-    return out
-
-
-# Entries a node's memo keeps (request shapes); then it starts over.
-_MEMO = 16
-
-
-def _lock_of(entry: NodeEntry | None) -> tuple[float, str]:
-    return (entry.lock_expires, entry.lock_uid) if entry is not None else (0.0, "")
+        return [
+            (cand, state.node_info(cand), "") if isinstance(cand, str) else state.parse_node(cand)
+            for cand in candidates
+        ]
 
 
 def _split(state: ClusterState, candidates: Candidates) -> tuple[list[str], list[str | Mapping[str, Any]]]:
-    """Candidates the index decides (by name) and the others (unknown, or Nodes newer than the cache).
+    """Candidates decided on their index records (by name) and the others (Nodes newer than the cache).
 
     Nodes sent twice (never by a real scheduler) all go the second way, in their order: two versions of
     one node must be decided in the order they came, as evaluating one after the other would.
@@ -201,202 +69,141 @@ def _split(state: ClusterState, candidates: Candidates) -> tuple[list[str], list
         return [], list(objects)
     names: list[str] = []
     rest: list[str | Mapping[str, Any]] = []
-    index = state.index
     for obj in objects:
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        entry = state.entry(name)
-        if (
-            name in index
-            and entry is not None
-            and entry.info is not None
-            and entry.info.resource_version == str(meta.get("resourceVersion") or "")
-        ):
+        name = state.current(obj)
+        if name is not None:
             names.append(name)
         else:
             rest.append(obj)
     return names, rest
 
 
-def _filter_mem(
+# Outcomes a node's memo keeps (request keys); then it starts over.
+_MEMO = 16
+
+
+def _decide_all(
     state: ClusterState,
     plan: RequestPlan,
-    names: list[str],
+    names: Sequence[str],
     own_node: str | None,
     now: float,
-    out: FilterOutcome,
-) -> list[str | Mapping[str, Any]]:
-    """Decide a one-container GPU-memory request per node from the index; return what it leaves open.
+    out: FilterOutcome | None,
+    figures: dict[str, Any] | None = None,
+) -> tuple[list[str], list[str]]:
+    """Decide each named node on its index record (`decide_mem`, `decide_whole`), in `names`' order, into
+    `out` (filter) or else `figures` (prioritize: `placement_figures`'s). The nodes `evaluate` has to decide
+    (not indexed, the pod's own node, the decision's None; for figures also `FITS`), and those whose live
+    bind-lock is another pod's.
 
-    `placement._evaluate_mem`'s order: a static misfit is unresolvable; a live lock that blocks and
-    whole-GPU pods go to `evaluate` (for their messages); then the fit (`rules.fits`) against the ledger.
+    Outcomes are kept in the node's memo (`index.Record.memo`, so only until the node or its ledger
+    changes) under the request's key (`RequestPlan.key_for`), and read from there first: a burst of
+    similar pods decides each node once per change. Not while the node has a live bind-lock: the outcome
+    then depends on its holder and the time.
     """
-    get = state.index.get
-    fitting, failed, unresolvable = out.fits, out.failed, out.unresolvable
-    rest: list[str | Mapping[str, Any]] = []
-    share, last = plan.share, plan.count - 1
-    short, static = plan.shortfall, plan.static_misfit
-    unconstrained = not plan.constrained
-    every = frozenset() if unconstrained else plan.all_qualify()
-    sharing = SHARING
+    get = state.records().get
+    decide = decide_mem if plan.memory else decide_whole
+    uid, key, keys, key_for = plan.uid, plan.key, plan.keys, plan.key_for
+    bare = plan.bare
     own = own_node or ""
+    rest: list[str] = []
+    locked: list[str] = []
+    filtering = out is not None
+    fits, failed, unresolvable = (out.fits, out.failed, out.unresolvable) if out else ([], {}, {})
+    placed_at = figures if figures is not None else {}
+    found: Outcome | None
     for name in names:
         r = get(name)
         if r is None or name == own:
             rest.append(name)
             continue
-        if r.plain and (unconstrained or r.sig in every):
-            # The common case: a memory-sharing node without lock or whole-GPU pods, every GPU
-            # qualifying, decided by `rules.fits` on the record's free and total GiB, unrolled here: a
-            # call per node would cost a third of the filter. The k-th most free GPU never has more than
-            # the k-th largest.
-            if not last:
-                if r.most_free >= share:
-                    fitting.append(name)
-                elif r.largest >= share:
-                    failed[name] = short(r.most_free)
-                else:
-                    unresolvable[name] = static(r.largest)
-            elif r.n > last and r.free[last] >= share:
-                fitting.append(name)
-            elif r.n > last and r.total[last] >= share:
-                failed[name] = short(r.most_free)
-            else:
-                unresolvable[name] = static(r.largest)
-        elif r.code != sharing:
-            unresolvable[name] = r.facts.shape.error if r.code == ERROR else NOT_SHARING
+        if r.lock_expires > now:
+            if r.lock_uid != uid:
+                locked.append(name)
+            found = decide(name, r, plan, now) or _OPEN
         else:
-            _filter_view(state, plan, name, r, now, out, rest)
-    return rest
-
-
-def _filter_view(
-    state: ClusterState,
-    plan: RequestPlan,
-    name: str,
-    r: Record,
-    now: float,
-    out: FilterOutcome,
-    rest: list[str | Mapping[str, Any]],
-) -> None:
-    """`_filter_mem` for a memory-sharing node with a lock or whole-GPU pods, or where only some of the
-    GPUs (or none) meet the request's wishes: from the view of the GPUs that do."""
-    mode = plan.mode(r.sig)
-    free: tuple[int, ...] = ()
-    total: tuple[int, ...] = ()
-    if mode:
-        view = r.facts.view if mode == ALL else r.facts.view_for(mode)
-        free, total = view.free, view.total
-    share, count, uid = plan.share, plan.count, plan.req.uid
-    if not fits(total, share, count):
-        out.unresolvable[name] = plan.static_misfit(total[0] if total else -1)
-    elif r.whole or (r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)):
-        rest.append(name)  # evaluate says why (whole-GPU pods, node busy)
-    elif fits(free, share, count):
-        out.fits.append(name)
-    else:
-        out.failed[name] = plan.shortfall(free[0])
-
-
-def _filter_containers(
-    state: ClusterState,
-    plan: RequestPlan,
-    names: list[str],
-    own_node: str | None,
-    now: float,
-    out: FilterOutcome,
-) -> list[str | Mapping[str, Any]]:
-    """The nodes where a pod of several GPU-memory containers surely fits, from the index; the rest is
-    left to `evaluate` (which also names the container that does not fit).
-
-    placement._place_containers gives the containers GPUs one after another, each taking `gpus` cards
-    among those with room for its share. When the qualifying GPUs include at least as many cards with room
-    for the largest share as all containers take together, every container finds enough of them that no
-    earlier one has touched: the pod fits, whatever order the policy and the NVLink links choose, and it
-    fits the idle node too (no static misfit). Locks, whole-GPU pods and the pod's own node go to
-    `evaluate`, as in `_filter_mem`.
-    """
-    get = state.index.get
-    req = plan.req
-    largest = max(c.share for c in req.mem)
-    cards = sum(c.gpus for c in req.mem)
-    uid = req.uid
-    own = own_node or ""
-    every = plan.all_qualify() if plan.constrained else None
-    modes = plan.modes
-    fitting = out.fits
-    rest: list[str | Mapping[str, Any]] = []
-    for name in names:
-        r = get(name)
-        if r is None or name == own or r.code != SHARING or r.whole or r.n < cards:
-            rest.append(name)
-            continue
-        if every is None or r.sig in every:
-            free = r.free  # r.n >= cards of them
-        else:
-            known = modes.get(r.sig)
-            mode = plan.mode(r.sig) if known is None else known
-            free = r.facts.view_for(mode).free if mode else ()
-            if len(free) < cards:
+            memo = r.memo
+            k = key if key >= 0 else keys.get(r.sig)
+            if k is None:
+                k = key_for(r.sig)
+            found = memo.get(k)
+            if found is None:
+                if len(memo) >= _MEMO:
+                    memo.clear()
+                found = memo[k] = decide(name, r, plan, now) or _OPEN
+        if filtering:
+            if found is _OPEN:
                 rest.append(name)
-                continue
-        # `rules.fits(free, largest, cards)`, unrolled as in `_filter_mem`.
-        if free[cards - 1] >= largest and not (
-            r.lock_expires > now and state.lock_blocks(name, r.lock_uid, r.lock_expires, uid, now)
-        ):
-            fitting.append(name)
-        else:
+            elif found[0] is not None:
+                fits.append(name)
+            elif found[2]:
+                unresolvable[name] = found[1]
+            else:
+                failed[name] = found[1]
+        elif found is _OPEN or found is FITS:
             rest.append(name)
-    return rest
+        elif placed := found[0]:
+            placed_at[name] = placed[0] if bare else placed
+    return rest, locked
 
 
-def _filter_whole(
+# What a node's memo keeps for a decision that left the node to `evaluate`. Its outcome is kept apart (under
+# the key's complement, `_judge`), so that a node goes the same way whether or not it has been evaluated
+# before: the reply lists the nodes `evaluate` decided after the others.
+_OPEN: Outcome = (None, "", False)
+
+
+def _judge(
     state: ClusterState,
     plan: RequestPlan,
-    names: list[str],
+    rest: Sequence[str | Mapping[str, Any]],
+    now: float,
     own_node: str | None,
-    out: FilterOutcome,
-) -> list[str | Mapping[str, Any]]:
-    """Decide a whole-GPU request per node from the index, in `placement._evaluate_whole`'s order and with its
-    reasons."""
-    get = state.index.get
-    fitting, failed, unresolvable = out.fits, out.failed, out.unresolvable
-    rest: list[str | Mapping[str, Any]] = []
-    req = plan.req
-    wanted = req.whole
-    constrained = plan.constrained
-    messages = plan.messages
-    for name in names:
-        r = get(name)
-        if r is None or name == own_node:
-            rest.append(name)
-            continue
-        code = r.code
-        if code != WHOLE:
-            if code == PASS:
-                fitting.append(name)  # the kubelet counts its devices
-            else:
-                unresolvable[name] = r.facts.shape.error if code == ERROR else SHARES_MEMORY
-            continue
-        healthy = r.n
-        if healthy < wanted:
-            unresolvable[name] = too_few_gpus(healthy, wanted)
-            continue
-        if constrained:
-            mode = plan.mode(r.sig)
-            if mode != ALL:
-                misfits = healthy - (len(r.facts.view_for(mode).total) if mode else 0)
-                unresolvable[name] = whole_misfits(req, misfits, healthy)
-                continue
-        available = r.idle - r.whole
-        if available >= wanted:
-            fitting.append(name)
+) -> list[tuple[str, Outcome | None, str]]:
+    """`evaluate` for the candidates the records leave open: (name, outcome or None, the error then).
+
+    Outcomes are kept in the node's memo beside `_decide_all`'s, under the complement of its key, and
+    read from there; not for the pod's own node (its claim is left out), under a live lock, nor for Node
+    objects newer than the cache.
+    """
+    req, policy = plan.req, plan.policy
+    get = state.records().get
+    out: list[tuple[str, Outcome | None, str]] = []
+    for cand in rest:
+        info: NodeInfo | None = None
+        if isinstance(cand, str):
+            name, error = cand, ""
         else:
-            known_reason = messages.get(available)
-            if known_reason is None:
-                known_reason = messages[available] = too_few_free(wanted, available)
-            failed[name] = known_reason
-    return rest
+            name, info, error = state.parse_node(cand)
+            if info is None:
+                out.append((name, None, error))
+                continue
+            if info is state.node_info(name):
+                info = None  # the cached node: as by name
+        r = get(name)
+        if r is None:
+            if info is None:
+                out.append((name, None, UNKNOWN_NODE))
+            else:
+                out.append((name, outcome(state.evaluate(req, info, policy, now)), ""))
+            continue
+        memo, k = None, -1
+        if info is None and name != own_node and r.lock_expires <= now:
+            memo, k = r.memo, ~(plan.key if plan.key >= 0 else plan.key_for(r.sig))
+            known = memo.get(k)
+            if known is not None:
+                out.append((name, known, ""))
+                continue
+        if info is None:
+            info = state.node_info(name)
+            assert info is not None
+        found = outcome(state.evaluate(req, info, policy, now))
+        if memo is not None:
+            if len(memo) >= _MEMO:
+                memo.clear()
+            memo[k] = found
+        out.append((name, found, ""))
+    return out
 
 
 def filter_nodes(
@@ -404,45 +211,37 @@ def filter_nodes(
 ) -> FilterOutcome:
     """Split the candidates into fitting, failed (maybe later) and unresolvable (never, as things stand).
 
-    One-container GPU-memory requests (any constraint, any GPU count) and whole-GPU requests are decided
-    from the index (gpufleet.extender.index); everything else, and every node the index leaves open,
-    goes through `placement.evaluate`, the single source of truth (tests check that both agree).
+    Each indexed candidate's decision on its record (`_decide_all`), in the candidates' order; then
+    `evaluate` for the others, in theirs (`_judge`).
     """
     out = FilterOutcome()
     if req.kind == "none":
         out.fits = [name for name, _, _ in _infos(state, candidates)] if candidates else []
         return out
-    policy = req.gpu_policy or gpu_policy
+    fits, failed, unresolvable = out.fits, out.failed, out.unresolvable
     with state.lock:
         # Everything is read under the lock every change to the state and its index holds, the pod's own
         # claim too (a bind that re-plans replaces it): no read sees a record older than the ledger.
         own = state.own_usage(req.uid)
         own_node = own.node if own is not None else None
-        plan = RequestPlan(req, state.signatures)
+        plan = state.plan(req, req.gpu_policy or gpu_policy)
         names, rest = _split(state, candidates)
-        objects = len(rest)  # Nodes newer than the cache, ahead of `names` in `rest`
-        if req.kind == "mem" and len(req.mem) == 1:
-            rest += _filter_mem(state, plan, names, own_node, now, out)
-        elif req.kind == "whole":
-            rest += _filter_whole(state, plan, names, own_node, out)
-        else:
-            rest += _filter_containers(state, plan, names, own_node, now, out)
+        objects = len(rest)  # Nodes newer than the cache, ahead of the names left open in `rest`
+        rest += _decide_all(state, plan, names, own_node, now, out)[0]
         if rest:
-            fast_fits = len(out.fits)
-            in_order = not fast_fits and (not objects or len(rest) == objects)
-            for name, outcome, error, _, _ in _judge(state, plan, rest, policy, now, own_node):
-                if outcome is None:
-                    out.failed[name] = error
-                    continue
-                placed, reason, unresolvable = outcome
-                if placed is not None:
-                    out.fits.append(name)
-                elif unresolvable:
-                    out.unresolvable[name] = reason
+            decided = len(fits)
+            in_order = not decided and (not objects or len(rest) == objects)
+            for name, found, error in _judge(state, plan, rest, now, own_node):
+                if found is None:
+                    failed[name] = error
+                elif found[0] is not None:
+                    fits.append(name)
+                elif found[2]:
+                    unresolvable[name] = found[1]
                 else:
-                    out.failed[name] = reason
-            if not in_order and len(out.fits) > max(1, fast_fits):
-                out.fits = _in_order(out.fits, candidates)
+                    failed[name] = found[1]
+            if not in_order and len(fits) > max(1, decided):
+                out.fits = _in_order(fits, candidates)
     if not out.fits:
         out.error = _absurd(state, req, candidates)
     return out
@@ -451,11 +250,9 @@ def filter_nodes(
 def _in_order(fits: list[str], candidates: Candidates) -> list[str]:
     """`fits` in the candidates' order (a name sent n times fits n times or not at all)."""
     wanted = set(fits)
+    if isinstance(candidates[0], str):
+        return [name for name in cast(Sequence[str], candidates) if name in wanted]
     return [name for name in map(_name, cast(Sequence[Any], candidates)) if name in wanted]
-
-
-def _name(cand: str | Mapping[str, Any]) -> str:
-    return cand if isinstance(cand, str) else str((cand.get("metadata") or {}).get("name") or "")
 
 
 def _absurd(state: ClusterState, req: GpuRequest, candidates: Candidates) -> str:
@@ -494,166 +291,6 @@ def _wish_not_better(figures: dict[str, Any], handing_off: set[str], multi: bool
     return {n for n in handing_off if n not in figures or wished(n) <= best_free + 1e-9}
 
 
-# (utilization after placement, topology, capability) of a fitting node.
-_Figures = tuple[float, float, tuple[int, int, int]]
-
-
-def _figures_mem(
-    state: ClusterState,
-    plan: RequestPlan,
-    names: Sequence[str],
-    own_node: str | None,
-    now: float,
-    binpack: bool,
-    figures: dict[str, Any],
-    handing_off: set[str],
-) -> list[str]:
-    """Where a one-container GPU-memory request would go on each node, from the index.
-
-    The policy alone picks the cards (`rules.policy_cards`) for one GPU, and for several when all the
-    node's GPUs are NVLinked to each other (every set is then perfect). Fills `figures` with the
-    utilisation (one GPU, no "most capable": all the score needs) or `_Figures`. Unlocked nodes where
-    every GPU qualifies keep their figure in the node's memo: it depends on the node version and the
-    request's size, count, policy and "most capable" alone, so a burst of similar pods computes it once
-    per node change. Returns the nodes only `evaluate` can place: unknown, the pod's own node, multi-GPU
-    sets on other topologies, "most capable" among cards of different capability.
-    """
-    get = state.index.get
-    uid = plan.req.uid
-    share, count = plan.share, plan.count
-    last = count - 1
-    most = plan.req.most_capable
-    bare = count == 1 and not most
-    every = plan.all_qualify() if plan.constrained else None
-    modes = plan.modes
-    lock_blocks = state.lock_blocks
-    own = own_node or ""
-    sharing = SHARING
-    key = state.shape_ids.id(("figures", share, count, binpack, most))
-    undecided: list[str] = []
-    for name in names:
-        r = get(name)
-        if r is None or name == own:
-            undecided.append(name)
-            continue
-        if r.code != sharing or r.whole or r.most_free < share:
-            continue  # no placement: not memory sharing, whole-GPU pods, no GPU with room
-        memo = None
-        if every is None or r.sig in every:
-            mode = ALL
-            if r.lock_expires <= now and (not most or r.cap is not None):
-                # Every GPU qualifies, no lock: the figure depends on the node version and `key` alone.
-                memo = r.facts.memo
-                if memo is None:
-                    memo = r.facts.memo = {}
-                else:
-                    known = memo.get(key)
-                    if known is not None:
-                        figures[name] = known
-                        continue
-        else:
-            known_mode = modes.get(r.sig)
-            mode = plan.mode(r.sig) if known_mode is None else known_mode
-        # The k-th most free GPU never has more than the k-th largest: no static check needed.
-        if mode == ALL:
-            if last and (r.n <= last or r.free[last] < share):
-                continue
-            pick, k, cap = r.pick, r.n, r.cap
-        elif not mode:
-            continue
-        else:
-            view = r.facts.view_for(mode)
-            k = len(view.free)
-            if k <= last or view.free[last] < share:
-                continue
-            pick, cap = view.pick, view.cap
-        if (last and not r.meshed) or (most and cap is None):
-            undecided.append(name)  # choose_gpus weighs the links, or orders by capability first
-            continue
-        locked = False
-        if r.lock_expires > now:
-            locked = r.lock_uid != uid
-            if locked and lock_blocks(name, r.lock_uid, r.lock_expires, uid, now):
-                continue
-        chosen = policy_cards(pick, k, share, count, binpack)
-        # The utilisation after placement: the node's `gpu_busy` terms with the chosen cards' replaced,
-        # summed in their order as `placement.utilization` sums them (from the prefix sums for one card).
-        facts = r.facts
-        n, nums, sums = facts.n, facts.nums, facts.sums
-        if not last:
-            (p,) = chosen
-            busy = sum(sums[p + 1 : n], sums[n + p] + gpu_busy(nums[p] + share, nums[n + p]))
-        else:
-            terms = sums[:n]
-            for p in chosen:
-                terms[p] = gpu_busy(nums[p] + share, nums[n + p])
-            busy = sum(terms)
-        util = node_utilization(busy, 0, n)
-        if bare:
-            figure: Any = util
-        else:
-            if cap is None:  # cards of different capability: placement reports the best it took
-                cap = max(_NO_CAPABILITY, *map(facts.shape.caps.__getitem__, chosen))
-            figure = (util, 1.0, cap)
-        figures[name] = figure
-        if memo is not None:
-            if len(memo) >= _MEMO:
-                memo.clear()
-            memo[key] = figure
-        if locked:
-            handing_off.add(name)
-    return undecided
-
-
-def _figures_whole(
-    state: ClusterState,
-    plan: RequestPlan,
-    names: Sequence[str],
-    own_node: str | None,
-    now: float,
-    figures: dict[str, Any],
-    handing_off: set[str],
-) -> list[str]:
-    """Where a whole-GPU request would go on each node, from the index (`placement._evaluate_whole`'s
-    figures)."""
-    get = state.index.get
-    uid = plan.req.uid
-    wanted = plan.req.whole
-    bare = wanted == 1 and not plan.req.most_capable
-    constrained = plan.constrained
-    undecided: list[str] = []
-    for name in names:
-        r = get(name)
-        if r is None or name == own_node:
-            undecided.append(name)
-            continue
-        if r.code == PASS:
-            left = LEFT_TO_KUBELET
-            figures[name] = left.utilization if bare else (left.utilization, left.topology, left.capability)
-            if r.lock_expires > now and r.lock_uid != uid:
-                handing_off.add(name)
-            continue
-        if r.code != WHOLE or r.n < wanted or r.idle - r.whole < wanted:
-            continue
-        if constrained and plan.mode(r.sig) != ALL:
-            continue
-        if wanted > 1 and not r.meshed:
-            undecided.append(name)
-            continue
-        util = node_utilization(r.facts.busy, r.whole + wanted, r.n)
-        if bare:
-            figures[name] = util
-        else:
-            capability = r.facts.idle_cap if r.facts.idle_cap is not None else _NO_CAPABILITY
-            figures[name] = (util, 1.0, capability)
-        if r.lock_expires > now and r.lock_uid != uid:
-            handing_off.add(name)
-    return undecided
-
-
-_NO_CAPABILITY = (0, 0, 0)
-
-
 def placement_figures(
     state: ClusterState, req: GpuRequest, candidates: Candidates, gpu_policy: Policy, now: float
 ) -> tuple[dict[str, Any], set[str]]:
@@ -664,33 +301,28 @@ def placement_figures(
     `placement.evaluate` would make. Handing off: the node's bind-lock is another pod's (see
     ClusterState.lock_blocks); a bind there waits for that hand-off.
     """
-    gpolicy = req.gpu_policy or gpu_policy
-    multi = req.whole > 1 or any(c.gpus > 1 for c in req.mem)
-    bare = not multi and not req.most_capable
     figures: dict[str, Any] = {}
     handing_off: set[str] = set()
     with state.lock:  # see filter_nodes
         own = state.own_usage(req.uid)
         own_node = own.node if own is not None else None
-        plan = RequestPlan(req, state.signatures)
+        plan = state.plan(req, req.gpu_policy or gpu_policy)
+        bare = plan.bare
         names, rest = _split(state, candidates)
-        if req.kind == "mem" and len(req.mem) == 1:
-            binpack = gpolicy is Policy.BINPACK
-            rest += _figures_mem(state, plan, names, own_node, now, binpack, figures, handing_off)
-        elif req.kind == "whole":
-            rest += _figures_whole(state, plan, names, own_node, now, figures, handing_off)
+        if req.kind != "none":
+            left, locked = _decide_all(state, plan, names, own_node, now, None, figures)
+            rest += left
+            handing_off.update(name for name in locked if name in figures)
         else:
             rest += names
         if rest:
-            for name, outcome, _, lock_expires, lock_uid in _judge(state, plan, rest, gpolicy, now, own_node):
-                if outcome is None:
+            get = state.records().get
+            for name, found, _ in _judge(state, plan, rest, now, own_node):
+                if found is None or not (placed := found[0]):
                     continue
-                placed, _, _ = outcome
-                if placed is None:
-                    continue
-                utilization, _, _ = placed
-                figures[name] = utilization if bare else placed
-                if lock_expires > now and lock_uid != req.uid:
+                figures[name] = placed[0] if bare else placed
+                r = get(name)
+                if r is not None and r.lock_expires > now and r.lock_uid != req.uid:
                     handing_off.add(name)
     return figures, handing_off
 
@@ -771,7 +403,7 @@ def score_table(
     if req.kind == "none":
         return ScoreTable(order, {}, set(), 0.0, 0.0)
     npolicy = req.node_policy or node_policy
-    multi = req.whole > 1 or any(c.gpus > 1 for c in req.mem)
+    multi = req.multi
     most = req.most_capable
     bare = not multi and not most
     figures, handing_off = placement_figures(state, req, candidates, gpu_policy, now)
@@ -785,3 +417,100 @@ def score_table(
     low = min(ranked.values(), default=0.0)
     high = max(ranked.values(), default=0.0)
     return ScoreTable(order, composite, handing_off, low, high - low)
+
+
+def choose(
+    state: ClusterState,
+    req: GpuRequest,
+    fitting: Candidates,
+    node_policy: Policy,
+    gpu_policy: Policy,
+    patience: float = 0.0,
+) -> tuple[str, bool]:
+    """Choose the one node (and its GPUs) a GPU-memory pod goes to among the candidates that fit it, and
+    reserve that placement (decided) at once: the next pods filter against it, though the scheduler binds
+    this one asynchronously while it decides them. The chosen node's name ("" if none could be placed) and
+    whether the choice waited.
+
+    The choice is prioritize's: the node policy on the utilisation after placement, NVLink and capability
+    wishes (`rules.composites`), ties to the candidates' order. A node where this pod's bind would queue
+    behind more hand-offs than its share of `bind_wait` allows (`ClusterState.queues`) is taken only when no
+    node without such a queue fits as well on what the pod asked for (NVLink, most capable). When every
+    node is busy so, the choice waits up to `patience` seconds for a queue to shorten (binds finishing
+    their turns), which holds the scheduler to the pace the nodes' hand-offs go at instead of sending binds
+    that would wait past `bind_wait` and be refused; then the shortest queue. A pod whose bind is running
+    or done keeps its node. `ReservationsFull` when the reservation table is at its cap.
+    """
+    npolicy = req.node_policy or node_policy
+    gpolicy = req.gpu_policy or gpu_policy
+    multi = req.multi
+    most = req.most_capable
+    objects: dict[str, Mapping[str, Any]] = {}
+    if fitting and not isinstance(fitting[0], str):
+        names = [_name(c) for c in cast(Sequence[Mapping[str, Any]], fitting)]
+        objects = dict(zip(names, cast(Sequence[Mapping[str, Any]], fitting), strict=True))
+    else:
+        names = list(cast(Sequence[str], fitting))
+    give_up = time.monotonic() + patience
+    waited = False
+    while True:
+        with state.lock:
+            now = state.clock()
+            own = state.reservation(req.uid)
+            if own is not None and own.stage != DECIDED:  # bound or binding: a retry of the scheduler's
+                return (own.usage.node if own.usage.node in names else ""), waited
+            figures, handing_off = placement_figures(state, req, fitting, gpu_policy, now)
+            composite = composites(figures, npolicy is Policy.BINPACK, multi, most)
+            if not composite:
+                return "", waited
+            ahead = state.queues(composite, handing_off, req.uid, now)
+            busy = set(ahead)
+            if busy and (multi or most):
+                busy = _wish_not_better(figures, busy, multi, most)
+            ranked = _ranked(composite, busy, ahead, names)
+            first = next(ranked)
+            if first not in busy or time.monotonic() >= give_up:
+                for name in itertools.chain((first,), ranked):
+                    obj = objects.get(name)
+                    info = state.node_info(name) if obj is None else state.parse_node(obj)[1]
+                    if info is None:
+                        continue
+                    verdict = state.plan_and_reserve(req, info, gpolicy, now, DECIDED)
+                    if verdict.placement is not None:
+                        return name, waited
+                return "", waited
+        waited = True
+        time.sleep(DECIDE_POLL)
+
+
+def _ranked(
+    composite: dict[str, float], busy: set[str], ahead: dict[str, int], names: Sequence[str]
+) -> Iterator[str]:
+    """The fitting nodes in the order `choose` tries them: those without a long queue, the best score first,
+    then the others, the shortest queue first and then the best score; ties to the candidates' order (a name
+    sent twice: its later place). The first is found without a Python call per node; the rest are ranked
+    only if it cannot be reserved."""
+    pool = composite if not busy else {n: v for n, v in composite.items() if n not in busy}
+    if not pool:
+        least = min(ahead[n] for n in busy)
+        pool = {n: composite[n] for n in busy if ahead[n] == least}
+    top = max(pool.values())
+    ties = [n for n, v in pool.items() if v == top]
+    order: dict[str, int] = {}
+    if len(ties) > 1:
+        order = {name: i for i, name in enumerate(names)}
+        ties.sort(key=order.__getitem__)
+    first = ties[0]
+    yield first
+    if not order:
+        order = {name: i for i, name in enumerate(names)}
+
+    def rank(name: str) -> tuple[bool, int, float, int]:
+        queued = name in busy
+        return queued, ahead[name] if queued else 0, -composite[name], order[name]
+
+    yield from (name for name in sorted(composite, key=rank) if name != first)
+
+
+# Seconds between two looks at the queues while a decision waits for one to shorten.
+DECIDE_POLL = 0.02

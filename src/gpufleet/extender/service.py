@@ -30,7 +30,14 @@ class Extender:
         self.cluster = cluster
         self.metrics = Metrics()
         self.state = ClusterState(
-            settings.lock_ttl, settings.reservation_ttl, clock, settings.lock_wait, defer_index=True
+            settings.lock_ttl,
+            settings.reservation_ttl,
+            clock,
+            settings.lock_wait,
+            defer_index=True,
+            decision_ttl=settings.decision_ttl,
+            max_reservations=settings.max_reservations,
+            bind_wait=settings.bind_wait,
         )
         self.binder = Binder(
             cluster,
@@ -43,7 +50,13 @@ class Extender:
             settings.lock_wait,
         )
         self.api = ExtenderApi(
-            self.state, self.binder, self.metrics, settings.node_policy, settings.gpu_policy, clock
+            self.state,
+            self.binder,
+            self.metrics,
+            settings.node_policy,
+            settings.gpu_policy,
+            clock,
+            settings.filter_wait,
         )
         self.metrics.add_gauges(self._gauges)
         self._stop = threading.Event()
@@ -138,9 +151,18 @@ class Extender:
         )
         yield "gpufleet_extender_gpu_memory_gib", "", (("state", "used"),), totals["memory_used_gib"]
         yield "gpufleet_extender_gpu_pods", "Pods holding GPUs or GPU memory.", (), totals["pods"]
+        for stage in ("decided", "binding", "settled"):
+            yield (
+                "gpufleet_extender_reservations",
+                "Placements held, by stage: decided by filter, binding, bound and waiting for the watch."
+                if stage == "decided"
+                else "",
+                (("stage", stage),),
+                self.state.reservation_count(stage),
+            )
         yield (
-            "gpufleet_extender_reservations",
-            "Reservations held by in-flight or settling binds.",
+            "gpufleet_extender_handoff_seconds",
+            "Running estimate of one GPU-memory hand-off on a node, from binds that queued behind another.",
             (),
-            self.state.reservation_count(),
+            self.state.locks.handoff_seconds,
         )

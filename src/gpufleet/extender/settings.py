@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..layered import Layer, Parser, as_int, as_number, as_str, merge
-from ..yamlfile import YamlFileError, read_yaml
+from ..yamlfile import YamlFileError, parse_yaml, read_yaml
 from .request import Policy
 
 ENV_PREFIX = "GPUFLEET_EXTENDER_"
@@ -24,6 +24,7 @@ CONFIG_VERSION = "v1"
 MAX_SETTINGS_BYTES = 16 * 1024  # every setting with comments fits in 2 KiB; more is not a settings file
 MAX_SECONDS = 86_400.0  # a day: a longer TTL or wait is a typo, and huge ones overflow timer arithmetic
 MAX_BODY_MIB = 4096  # 16x the default, far above a 5000-node cluster's full Nodes list
+MAX_RESERVATIONS = 1_000_000  # about 1 GiB of reservations: more is a typo
 
 
 class SettingsError(ValueError):
@@ -61,9 +62,28 @@ class Settings:
     reservation_ttl: float = field(
         default=300.0, metadata={"help": "seconds a settled reservation waits for the watch to confirm it"}
     )
+    decision_ttl: float = field(
+        default=30.0,
+        metadata={"help": "seconds the placement filter chose for a pod is held for its bind (then dropped)"},
+    )
+    max_reservations: int = field(
+        default=10_000,
+        metadata={
+            "help": "most placements held at once (decided, binding, settling); filter refuses past it"
+        },
+    )
+    filter_wait: float = field(
+        default=2.0,
+        metadata={
+            "help": "seconds filter may wait for a node's queue of hand-offs to shorten when every fitting "
+            "node's is long (0: never; holds the scheduler to the pace of the nodes' hand-offs)"
+        },
+    )
     bind_wait: float = field(
         default=5.0,
-        metadata={"help": "seconds a bind waits for another bind to the same node in this process"},
+        metadata={
+            "help": "seconds a bind waits for its turn behind other binds to the same node in this process"
+        },
     )
     lock_wait: float = field(
         default=3.0,
@@ -125,12 +145,16 @@ def _validate(s: Settings) -> None:
     for name, allowed in _CHOICES.items():
         if getattr(s, name) not in allowed:
             raise SettingsError(f"{name} {getattr(s, name)!r}: choose one of {', '.join(allowed)}")
-    for name in ("lock_ttl", "reservation_ttl", "bind_wait", "api_timeout", "sweep_interval"):
+    durations = ("lock_ttl", "reservation_ttl", "decision_ttl", "bind_wait", "api_timeout", "sweep_interval")
+    for name in durations:
         if getattr(s, name) <= 0:
             raise SettingsError(f"{name} must be positive")
-    if s.lock_wait < 0:
-        raise SettingsError("lock_wait must not be negative")
-    for name in ("lock_ttl", "reservation_ttl", "bind_wait", "lock_wait", "api_timeout", "sweep_interval"):
+    for name in ("lock_wait", "filter_wait"):
+        if getattr(s, name) < 0:
+            raise SettingsError(f"{name} must not be negative")
+    if not 1 <= s.max_reservations <= MAX_RESERVATIONS:
+        raise SettingsError(f"max_reservations must be from 1 to {MAX_RESERVATIONS}")
+    for name in (*durations, "lock_wait", "filter_wait"):
         if getattr(s, name) > MAX_SECONDS:
             raise SettingsError(f"{name} must be at most {MAX_SECONDS:g} seconds")
     if not 0 < s.max_body_mib <= MAX_BODY_MIB:
@@ -141,13 +165,16 @@ def load_settings(
     path: str | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    *,
+    text: str | None = None,
 ) -> Settings:
     """Merge defaults < file < environment < flags (flags with value None are unset) and validate; raise
-    SettingsError naming every setting that is wrong and where it came from."""
+    SettingsError naming every setting that is wrong and where it came from. With ``text``, that is the
+    file's content and ``path`` only names it in messages: nothing is read (the Ansible module's check)."""
     errors: list[str] = []
     in_file: dict[str, tuple[Any, str]] = {}
     if path:
-        doc = _read_yaml(path)
+        doc = _read_yaml(path, text)
         version = doc.pop("version", CONFIG_VERSION)
         if version != CONFIG_VERSION:
             raise SettingsError(
@@ -184,10 +211,12 @@ def _key(key: Any) -> str:
     return key if isinstance(key, str) and key in PARSERS else reprlib.repr(key)
 
 
-def _read_yaml(path: str) -> dict[Any, Any]:
-    """The settings file as a mapping; SettingsError when unreadable, oversized or not a YAML mapping."""
+def _read_yaml(path: str, text: str | None = None) -> dict[Any, Any]:
+    """The settings file (or its ``text``) as a mapping; SettingsError when unreadable, oversized or not a
+    YAML mapping."""
     try:
-        doc = read_yaml(path, MAX_SETTINGS_BYTES) or {}
+        parsed = read_yaml(path, MAX_SETTINGS_BYTES) if text is None else parse_yaml(text, MAX_SETTINGS_BYTES)
+        doc = parsed or {}
     except YamlFileError as exc:
         raise SettingsError(f"config file {reprlib.repr(path)}: {exc}") from None
     if not isinstance(doc, dict):

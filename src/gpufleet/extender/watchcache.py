@@ -70,6 +70,7 @@ class PodRecord:
     assignment: Assignment | None
     assignment_error: str | None
     allocated: tuple[str, ...]  # containers the device plugin has allocated
+    resource_version: str = ""
 
 
 def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
@@ -128,6 +129,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         assignment=assignment,
         assignment_error=assignment_error,
         allocated=allocated,
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 

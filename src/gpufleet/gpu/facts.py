@@ -392,14 +392,14 @@ class _Advisor:
             )
         return f"firmware EFI, pciPassthru.use64bitMMIO = TRUE, {size}"
 
-    def bar(self, bar: int | None) -> tuple[str, str]:
-        which = "a memory window (BAR)" if bar is None else f"BAR{bar}"
+    def unassigned_bar(self, bar_no: int | None) -> tuple[str, str]:
+        which = "a memory window (BAR)" if bar_no is None else f"BAR{bar_no}"
         if self.bios:
             cause = (
                 f"The GPU's {which} got no address because this VM boots with BIOS firmware: VMware maps "
                 "GPU memory windows this large only for guests that boot with EFI."
             )
-        elif bar == 0:
+        elif bar_no == 0:
             cause = (
                 "The GPU's register window (BAR0, below 4 GB) got no address: the VM's PCI memory space ran "
                 "out, typically because 64-bit MMIO is off or too small and the large windows crowd the "
@@ -451,7 +451,7 @@ class _Advisor:
 
 def _driver_branch(version: str | None) -> int | None:
     try:
-        return int(str(version).split(".")[0])
+        return int(str(version).split(".", maxsplit=1)[0])
     except ValueError:
         return None
 
@@ -501,8 +501,8 @@ def vm_config_problems(
     pci_bars: dict[tuple[str, int], str | None] = {}  # (gpu, BAR) → the failure line, None once assigned
     head = None  # the first line of NVRM's two-line BAR message
 
-    def add(symptom: str, gpu: str | None, bar: int | None, line: str, words: tuple[str, str]) -> None:
-        key = (symptom, gpu, bar)
+    def add(symptom: str, gpu: str | None, bar_no: int | None, line: str, words: tuple[str, str]) -> None:
+        key = (symptom, gpu, bar_no)
         if key not in found:
             found[key] = VmConfigProblem(symptom, gpu, line, *words)
 
@@ -513,8 +513,8 @@ def vm_config_problems(
     for line in lines:
         match = _BAR_INVALID.search(line)
         if match:
-            gpu, bar = _bus(match.group(3)), int(match.group(1))
-            add(SYMPTOM_BAR_UNASSIGNED, gpu, bar, line, advisor.bar(bar))
+            gpu, bar_no = _bus(match.group(3)), int(match.group(1))
+            add(SYMPTOM_BAR_UNASSIGNED, gpu, bar_no, line, advisor.unassigned_bar(bar_no))
             continue
         if _BAR_INVALID_HEAD in line:
             head = head or line  # the line after it names the BAR and the GPU; this one only if that is lost
@@ -539,15 +539,15 @@ def vm_config_problems(
         fault = _iommu_fault(line)
         if fault and fault[0] in known:
             add(SYMPTOM_IOMMU_FAULT, fault[0], None, line, (_IOMMU.format(what=fault[1]), _IOMMU_FIX))
-    if head and not any(symptom == SYMPTOM_BAR_UNASSIGNED for symptom, _, _ in found):
-        add(SYMPTOM_BAR_UNASSIGNED, None, None, head, advisor.bar(None))
+    if head and not any(key[0] == SYMPTOM_BAR_UNASSIGNED for key in found):
+        add(SYMPTOM_BAR_UNASSIGNED, None, None, head, advisor.unassigned_bar(None))
     # The kernel's own BAR failures back up (and precede) NVRM's; keep them only where NVRM said nothing.
-    for (gpu, bar), failure in pci_bars.items():
-        if failure and (SYMPTOM_BAR_UNASSIGNED, gpu, bar) not in found:
-            add(SYMPTOM_BAR_UNASSIGNED, gpu, bar, failure, advisor.bar(bar))
+    for (gpu, bar_no), failure in pci_bars.items():
+        if failure and (SYMPTOM_BAR_UNASSIGNED, gpu, bar_no) not in found:
+            add(SYMPTOM_BAR_UNASSIGNED, gpu, bar_no, failure, advisor.unassigned_bar(bar_no))
     # A symptom seen for a named GPU makes its anonymous lines (the first of a two-line message) redundant.
-    named = {symptom for symptom, gpu, _ in found if gpu}
-    return [p for (symptom, gpu, _), p in found.items() if gpu or symptom not in named]
+    named = {key[0] for key in found if key[1]}
+    return [p for key, p in found.items() if key[1] or key[0] not in named]
 
 
 def _iommu_fault(line: str) -> tuple[str, str] | None:
@@ -559,7 +559,7 @@ def _iommu_fault(line: str) -> tuple[str, str] | None:
         return f"0000:{bus.lower()}:{slot.lower()}.{func}", what
     match = _AMDVI_FAULT.search(line)
     if match:
-        _, domain, bus, slot, func = match.groups()
+        domain, bus, slot, func = match.groups()[1:]
         return f"{(domain or '0000').lower()}:{bus.lower()}:{slot.lower()}.{func}", "DMA"
     return None
 

@@ -23,7 +23,15 @@ from pathlib import Path
 
 from gpufleet_harness.cluster.cluster import LAB_PREFIX, OWNER_FILE, Lab, reap_stale_labs
 from gpufleet_harness.cluster.gomod import is_module_version
-from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s, missing_build_requirements
+from gpufleet_harness.cluster.k8s_build import (
+    DEBIAN_K8S,
+    DEFAULT_K8S_VERSION,
+    NEWEST_K8S_VERSION,
+    BuildError,
+    ensure_k8s,
+    missing_build_requirements,
+    resolve_version,
+)
 from gpufleet_harness.cluster.node import RUNTIMES
 from gpufleet_harness.cluster.process import LabError
 
@@ -35,17 +43,18 @@ def _base(args: argparse.Namespace) -> Path:
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find) the Kubernetes binaries and print the cache entry."""
     if args.check:
-        if args.version and is_module_version(args.version):
+        version = resolve_version(args.version or args.default_version)
+        if version is not None and is_module_version(version):
             from gpufleet_harness.cluster.k8s_modbuild import missing_requirements
 
-            missing = missing_requirements(args.version.removeprefix("v"))
+            missing = missing_requirements(version.removeprefix("v"))
         else:
             missing = missing_build_requirements()
         print("\n".join(missing) or "all build requirements present")
         return 1 if missing else 0
     try:
-        artifacts = ensure_k8s(args.version, args.cache, build=not args.no_build, niceness=args.nice,
-                               prune=args.prune)  # fmt: skip
+        artifacts = ensure_k8s(args.version or args.default_version, args.cache, build=not args.no_build,
+                               niceness=args.nice, prune=args.prune)  # fmt: skip
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -134,20 +143,25 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_options(parser: argparse.ArgumentParser) -> None:
-    """Where the Kubernetes build comes from (shared with ``gpufleet lab``)."""
+def build_options(parser: argparse.ArgumentParser, default_version: str | None = None) -> None:
+    """Where the Kubernetes build comes from (shared with ``gpufleet lab``, whose default differs)."""
+    default = default_version or f"$GPUFLEET_K8S_VERSION, else {DEFAULT_K8S_VERSION}"
     parser.add_argument(
         "--version",
-        help="Kubernetes to use: an upstream release built from its Go modules (1.37.2), or a Debian "
-        "source version of kubernetes (default: the newest in apt, 1.20.2 on Debian 12)",
+        help=f"Kubernetes to use: an upstream release built from its Go modules ({NEWEST_K8S_VERSION}), "
+        f"{DEBIAN_K8S} for Debian's kubernetes source (1.20.2 on Debian 12), or a Debian source version "
+        f"(default: {default})",
     )
+    parser.set_defaults(default_version=default_version)
     parser.add_argument("--cache", help="cache root (default $GPUFLEET_CACHE or /var/cache/gpufleet)")
     parser.add_argument("--no-build", action="store_true", help="fail instead of building when not cached")
 
 
-def add_build_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_build_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], default_version: str | None = None
+) -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build or find the Kubernetes binaries")
-    build_options(build)
+    build_options(build, default_version)
     build.add_argument("--prune", action="store_true", help="remove the source tree after building")
     build.add_argument("--nice", type=int, default=10, help="niceness of the compiler")
     build.add_argument("--check", action="store_true", help="only list missing build requirements")
@@ -157,7 +171,7 @@ def add_build_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "cluster") -> None:
     """Add ``cluster`` and its sub-commands to the ``gpufleet`` parser."""
-    lab = subparsers.add_parser(name, help="bare Kubernetes 1.20 test cluster (root)", description=__doc__)
+    lab = subparsers.add_parser(name, help="bare Kubernetes test cluster (root)", description=__doc__)
     lab.add_argument("--base", help="where lab directories go (default $GPUFLEET_LAB_DIR or /tmp)")
     sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
 
@@ -172,7 +186,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], na
         "--runtime",
         choices=RUNTIMES,
         default="containerd",
-        help="the nodes' container runtime: containerd through CRI (default), or dockershim",
+        help="the nodes' container runtime: containerd through CRI (default), or dockershim (1.20 only)",
     )
     up.add_argument("--keep", action="store_true", help="keep the lab directory after stopping")
     up.set_defaults(func=cmd_up)

@@ -1,6 +1,11 @@
-"""A Kubernetes 1.20 control plane on 127.0.0.1 for tests: etcd, kube-apiserver, controller-manager,
+"""A Kubernetes control plane on 127.0.0.1 for tests: etcd, kube-apiserver, controller-manager,
 kube-scheduler (optionally with extenders), fake nodes and real kubelet nodes
 (:mod:`gpufleet_harness.cluster.node`).
+
+The daemons are those of the build handed in (:class:`~gpufleet_harness.cluster.k8s_build.K8sArtifacts`):
+Kubernetes 1.37 from its Go modules with its etcd 3.7 by default, or (``GPUFLEET_K8S_VERSION=1.20``, and
+still what ``gpufleet lab up`` runs) 1.20 from Debian's source with Debian's etcd 3.4. The few flags and
+formats that differ between the two are chosen here by the build's minor version (:func:`legacy`).
 
 Everything lives in one :class:`Lab`: a fresh directory (``/tmp/gpufleet-lab-<id>`` by default), ports
 chosen free at start, and a cleanup stack run by :meth:`Lab.close` (also on ``with`` exit and at
@@ -44,11 +49,21 @@ log = logging.getLogger(__name__)
 
 LAB_PREFIX = "gpufleet-lab-"
 OWNER_FILE = "owner.json"
-SCHEDULER_API = "kubescheduler.config.k8s.io/v1beta1"
+SCHEDULER_API = "kubescheduler.config.k8s.io/v1"  # what kube-scheduler reads from 1.25 on
+SCHEDULER_API_LEGACY = "kubescheduler.config.k8s.io/v1beta1"  # 1.19-1.21
 DEFAULT_SCHEDULER = "default-scheduler"
 FAKE_NODE_BASE = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 # Paths the node namespace shadows: a lab dir below them would vanish inside the node.
 _SHADOWED = (Path("/var"), Path("/run"))
+# 1.24 removed the insecure ports (apiserver, controller-manager, scheduler) and dockershim; everything this
+# harness runs is either 1.20 (Debian's source) or a current release.
+LEGACY_BEFORE_MINOR = 24
+
+
+def legacy(artifacts: K8sArtifacts) -> bool:
+    """True for a build older than 1.24 (Debian's 1.20): insecure ports to switch off, v1beta1 scheduler
+    configuration, kubelet flags instead of a KubeletConfiguration file, dockershim available."""
+    return artifacts.minor < LEGACY_BEFORE_MINOR
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,7 @@ class ControlPlane:
         # Off by default: it would taint and evict fake nodes, which never heartbeat. Real kubelets only need
         # it (it lifts the not-ready taint they register with).
         self._node_lifecycle = node_lifecycle
+        self.legacy = legacy(lab.artifacts)
 
     # -- start / stop -------------------------------------------------------------------------------------
     def start(self) -> ControlPlane:
@@ -111,7 +127,8 @@ class ControlPlane:
         kubelet_client = pki.client_certificate(
             self.ca, self.pki, "apiserver-kubelet-client", "kube-apiserver"
         )
-        # user -> groups; tokens live in a static file that kube-apiserver 1.20 reads once at start
+        # user -> groups; tokens live in a static file that kube-apiserver reads once at start (still
+        # --token-auth-file in 1.37)
         token_users = {
             "admin": ["system:masters"],
             "system:kube-scheduler": [],
@@ -129,9 +146,12 @@ class ControlPlane:
 
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{self.etcd_peer_port}"
+        # 1.37: the etcd built with it (3.7.0, what its kubeadm deploys); 1.20: Debian's etcd-server (3.4)
+        etcd_binary: str | Path = self.lab.artifacts.binary("etcd")
+        etcd_binary = etcd_binary if Path(etcd_binary).is_file() else "etcd"
         etcd = self._daemon(
             "etcd",
-            ["etcd", "--name", "lab", "--data-dir", self.dir / "etcd",
+            [etcd_binary, "--name", "lab", "--data-dir", self.dir / "etcd",
              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
              "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
              "--initial-cluster", f"lab={peer_url}", "--unsafe-no-fsync"],
@@ -144,7 +164,7 @@ class ControlPlane:
             [self.lab.artifacts.binary("kube-apiserver"),
              f"--etcd-servers={etcd_url}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-             f"--secure-port={self.port}", "--insecure-port=0",
+             f"--secure-port={self.port}", *(["--insecure-port=0"] if self.legacy else []),
              f"--cert-dir={self.ca_file.parent}",
              f"--service-account-key-file={self.sa_pub}",
              f"--service-account-signing-key-file={self.sa_key}",
@@ -175,17 +195,20 @@ class ControlPlane:
 
     def _start_controller_manager(self) -> None:
         kubeconfig = self.kubeconfig("system:kube-controller-manager")
+        # renamed in 1.28 (controllers got "-controller" names)
+        node_lifecycle_name = "nodelifecycle" if self.legacy else "node-lifecycle-controller"
         cm = self._daemon(
             "kube-controller-manager",
             [self.lab.artifacts.binary("kube-controller-manager"),
              f"--kubeconfig={kubeconfig}",
              f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-             "--bind-address=127.0.0.1", f"--secure-port={self.cm_port}", "--port=0", "--leader-elect=false",
+             "--bind-address=127.0.0.1", f"--secure-port={self.cm_port}", "--leader-elect=false",
+             *(["--port=0"] if self.legacy else []),
              f"--service-account-private-key-file={self.sa_key}", f"--root-ca-file={self.ca_file}",
              # the default, /usr/libexec/kubernetes/kubelet-plugins/volume/exec, would be created on the host
              f"--flex-volume-plugin-dir={self.dir / 'flexvolume'}",
              "--use-service-account-credentials=true",
-             "--controllers=*" if self._node_lifecycle else "--controllers=*,-nodelifecycle"],
+             "--controllers=*" if self._node_lifecycle else f"--controllers=*,-{node_lifecycle_name}"],
         )  # fmt: skip
         wait_for("kube-controller-manager /healthz", lambda: http_ok(f"https://127.0.0.1:{self.cm_port}/healthz"),
                  60, alive=cm.check)  # fmt: skip
@@ -259,6 +282,14 @@ class ControlPlane:
         """CoreV1Api as ``user``."""
         return k8s.CoreV1Api(self.api_client(user))
 
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A token of ServiceAccount ``namespace/name`` from the TokenRequest API, as the kubelet gets one
+        for a pod. (1.24 stopped making a token Secret per ServiceAccount; 1.20 serves TokenRequest too.)"""
+        request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=seconds))  # fmt: skip
+        reply = self.core_v1().create_namespaced_service_account_token(name, namespace, request)
+        return str(reply.status.token)
+
     def fake_node(
         self,
         name: str,
@@ -313,28 +344,30 @@ def scheduler_config(
     extenders: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
     *,
     kubeconfig: Path,
-    health_port: int,
+    health_port: int | None = None,
     scheduler_name: str = DEFAULT_SCHEDULER,
 ) -> dict[str, Any]:
-    """A ``KubeSchedulerConfiguration`` (v1beta1, what 1.20 reads) around the given extenders.
+    """A ``KubeSchedulerConfiguration`` around the given extenders: v1 (what kube-scheduler reads from 1.25
+    on; health and metrics only on its secure port), or, with ``health_port`` (1.20), v1beta1 with plain-HTTP
+    healthz and metrics on ``127.0.0.1:<health_port>``.
 
     ``extenders`` may be a YAML file path, a mapping holding an ``extenders`` list (a whole
-    KubeSchedulerConfiguration of any version: only ``extenders``, ``profiles`` and
-    ``percentageOfNodesToScore`` are taken, the fields 1.20 shares with v1), or the list itself.
+    KubeSchedulerConfiguration of either version: only ``extenders``, ``profiles`` and
+    ``percentageOfNodesToScore`` are taken, the fields v1beta1 and v1 share), or the list itself.
     """
     source: Any = extenders
     if isinstance(source, (str, os.PathLike)):
         source = yaml.safe_load(Path(source).read_text())
     config: dict[str, Any] = {
-        "apiVersion": SCHEDULER_API,
+        "apiVersion": SCHEDULER_API if health_port is None else SCHEDULER_API_LEGACY,
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
+    }
+    if health_port is not None:
         # 1.20 serves plain-HTTP healthz/metrics on 0.0.0.0:10251 unless told otherwise (and ignores
         # --port=0 together with --config): keep them on loopback and on a free port.
-        "healthzBindAddress": f"127.0.0.1:{health_port}",
-        "metricsBindAddress": f"127.0.0.1:{health_port}",
-    }
+        config["healthzBindAddress"] = config["metricsBindAddress"] = f"127.0.0.1:{health_port}"
     if isinstance(source, Mapping):
         for key in ("extenders", "profiles", "percentageOfNodesToScore"):
             if key in source:
@@ -350,7 +383,8 @@ def scheduler_config(
 
 
 class Scheduler:
-    """kube-scheduler with a generated configuration; secure port and healthz on loopback."""
+    """kube-scheduler with a generated configuration; secure port (and 1.20's plain-HTTP healthz) on
+    loopback."""
 
     def __init__(
         self,
@@ -361,7 +395,15 @@ class Scheduler:
     ) -> None:
         self.control_plane = control_plane
         self.name = scheduler_name
-        self.secure_port, self.health_port = free_ports(2)
+        self.secure_port, health_port = free_ports(2)
+        # 1.20: plain-HTTP /healthz on a port of its own; later: /healthz on the secure port (HTTPS, always
+        # allowed without credentials: --authorization-always-allow-paths)
+        self.health_port: int | None = health_port if control_plane.legacy else None
+        self.health_url = (
+            f"http://127.0.0.1:{health_port}/healthz"
+            if control_plane.legacy
+            else f"https://127.0.0.1:{self.secure_port}/healthz"
+        )
         kubeconfig = control_plane.kubeconfig("system:kube-scheduler")
         self.config = scheduler_config(
             extenders, kubeconfig=kubeconfig, health_port=self.health_port, scheduler_name=scheduler_name
@@ -374,7 +416,8 @@ class Scheduler:
         self._argv: list[str | os.PathLike[str]] = [
             control_plane.lab.artifacts.binary("kube-scheduler"),
             f"--config={self.config_path}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.secure_port}", "--port=0",
+            "--bind-address=127.0.0.1", f"--secure-port={self.secure_port}",
+            *(["--port=0"] if control_plane.legacy else []),
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             f"--v={verbosity}",
         ]  # fmt: skip
@@ -384,8 +427,7 @@ class Scheduler:
         """Start and wait for /healthz (about a second)."""
         started = time.monotonic()
         self.daemon = Daemon(f"kube-scheduler[{self.name}]", self._argv, self.log_path)
-        wait_for("kube-scheduler /healthz", lambda: http_ok(f"http://127.0.0.1:{self.health_port}/healthz"),
-                 60, alive=self.daemon.check)  # fmt: skip
+        wait_for("kube-scheduler /healthz", lambda: http_ok(self.health_url), 60, alive=self.daemon.check)
         self.startup_seconds = time.monotonic() - started
         return self
 
@@ -405,12 +447,6 @@ class Lab:
         *,
         keep: bool = False,
     ) -> None:
-        if artifacts.from_modules:
-            raise LabError(
-                f"Kubernetes {artifacts.git_version} from Go modules does not run as this lab, which starts"
-                " 1.20's daemons with 1.20's flags; it runs as a kubeadm cluster"
-                " (gpufleet_harness.lab.kubeadm)"
-            )
         base = Path(base_dir or os.environ.get("GPUFLEET_LAB_DIR") or tempfile.gettempdir()).resolve()
         if any(base == p or p in base.parents for p in _SHADOWED):
             raise LabError(
@@ -474,8 +510,8 @@ class Lab:
     def start_kubelet_node(
         self, name: str = "lab-node", labels: Mapping[str, str] | None = None, runtime: str = "containerd"
     ) -> KubeletNode:
-        """A real kubelet node in private namespaces, on containerd CRI (or dockershim: ``runtime="docker"``);
-        Ready and untainted on return."""
+        """A real kubelet node in private namespaces, on containerd CRI (or, with 1.20 only, dockershim:
+        ``runtime="docker"``); Ready and untainted on return."""
 
         node = KubeletNode(
             self, self._require_cp(), name, index=len(self.nodes), labels=labels, runtime=runtime

@@ -39,6 +39,16 @@ from gpufleet_harness.cluster.process import file_lock
 log = logging.getLogger(__name__)
 
 SOURCE_PACKAGE = "kubernetes"
+# The newest upstream release built from its Go modules (k8s_modbuild): the kubeadm cluster's, and what
+# GPUFLEET_K8S_VERSION=1.37.2 runs the test cluster and its tests on.
+NEWEST_K8S_VERSION = "1.37.2"
+# Shorthand for this module's build: Debian's `kubernetes` source, 1.20.2 on Debian 12 (apt's newest source
+# version, else the newest complete Debian-source entry in the cache).
+DEBIAN_K8S = "1.20"
+# The Kubernetes the test cluster, the cluster tests and `gpufleet cluster build` use unless told otherwise
+# (argument, or $GPUFLEET_K8S_VERSION=1.20 for Debian's 1.20, which the same code still runs: every flag and
+# format that differs is chosen by the build's minor version).
+DEFAULT_K8S_VERSION = NEWEST_K8S_VERSION
 COMPONENTS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet", "kubectl")
 IMAGES = ("pause", "busybox")
 MANIFEST = "manifest.json"
@@ -93,6 +103,14 @@ class K8sArtifacts:
     def image(self, name: str) -> Path:
         """Path of the root filesystem tarball of one of :data:`IMAGES` (imported as a one-layer image)."""
         return self.images_dir / f"{name}.tar"
+
+    @property
+    def minor(self) -> int:
+        """The minor release of the binaries (``v1.37.2`` -> 37): what flags and configuration they take."""
+        match = re.match(r"v?1\.(\d+)\.", self.git_version or self.version)
+        if match is None:
+            raise BuildError(f"cannot tell the Kubernetes minor of {self.root} ({self.git_version!r})")
+        return int(match.group(1))
 
     @property
     def from_modules(self) -> bool:
@@ -449,6 +467,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def resolve_version(version: str | None = None) -> str | None:
+    """The version :func:`ensure_k8s` builds or finds for ``version``: the argument, else
+    ``$GPUFLEET_K8S_VERSION``, else :data:`DEFAULT_K8S_VERSION`; :data:`DEBIAN_K8S` becomes apt's newest
+    ``kubernetes`` source version (None without deb-src: then the newest Debian-source cache entry)."""
+    version = version or os.environ.get("GPUFLEET_K8S_VERSION") or DEFAULT_K8S_VERSION
+    return available_source_version() if version == DEBIAN_K8S else version
+
+
 def ensure_k8s(
     version: str | None = None,
     root: str | os.PathLike[str] | None = None,
@@ -457,16 +483,17 @@ def ensure_k8s(
     niceness: int = 10,
     prune: bool = False,
 ) -> K8sArtifacts:
-    """Return the cached binaries for ``version`` (default: apt's newest source), building them if needed.
+    """Return the cached binaries for ``version``, building them if needed.
 
-    An upstream release number (``1.37.2``, ``v1.37.2``) selects the build from Go modules
-    (:mod:`gpufleet_harness.cluster.k8s_modbuild`); a Debian version (``1.20.5+really1.20.2-1.1+deb12u1``)
-    the build from Debian's source package.
+    ``version`` defaults to ``$GPUFLEET_K8S_VERSION``, else :data:`DEFAULT_K8S_VERSION`. An upstream release
+    number (``1.37.2``, ``v1.37.2``) selects the build from Go modules
+    (:mod:`gpufleet_harness.cluster.k8s_modbuild`); :data:`DEBIAN_K8S` (``1.20``: apt's newest source) or a
+    Debian version (``1.20.5+really1.20.2-1.1+deb12u1``) the build from Debian's source package.
 
     Raises :class:`BuildError` naming what is missing when the cache is empty and the build cannot run
     (or ``build`` is False).
     """
-    version = version or os.environ.get("GPUFLEET_K8S_VERSION") or available_source_version()
+    version = resolve_version(version)
     if version is not None and is_module_version(version):
         from gpufleet_harness.cluster.k8s_modbuild import ensure_module_build
 

@@ -1,10 +1,12 @@
-"""A real kubelet node: kubelet 1.20 on containerd 1.6 through CRI (or on dockerd 20.10 through the kubelet's
-dockershim, ``runtime="docker"``), isolated from the host.
+"""A real kubelet node: the build's kubelet (1.37 by default, or 1.20) on containerd 1.6 through CRI v1,
+isolated from the host. With the 1.20 build the kubelet takes flags instead of a KubeletConfiguration file,
+and can run on dockerd 20.10 through its dockershim (``runtime="docker"``; removed from the kubelet in 1.24).
 
 Layout (host view, ``<node>`` = ``<lab dir>/nodes/<node name>``)::
 
     <node>/var, <node>/run    /var and /run inside the node's mount namespace
     <node>/bin/oci-runtime    the runtime's runc: runc with negative oom_score_adj clamped
+    <node>/kubelet.yaml       the kubelet's KubeletConfiguration (1.24 and later)
     <node>/containerd.toml    containerd's config (CRI: sandbox image, CNI, the runc above; its socket, root
                               and state under the node's /run and /var), so the host's never applies
     <node>/var/lib/gpufleet-node/cni
@@ -37,8 +39,9 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import yaml
 from kubernetes import client as k8s
 
 from gpufleet.imageref import qualified
@@ -63,6 +66,7 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # compile-time constant in the kubelet
 RUNTIMES = ("containerd", "docker")  # containerd CRI, or dockershim (removed from the kubelet in 1.24)
+KUBELET_CONFIG_API = "kubelet.config.k8s.io/v1beta1"
 CNI_CONF_DIR = "/var/lib/gpufleet-node/cni"  # inside the node: the machine's /etc/cni stays untouched
 
 
@@ -91,6 +95,11 @@ class KubeletNode:
     ) -> None:
         if runtime not in RUNTIMES:
             raise LabError(f"node {name}: runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        if runtime == "docker" and not control_plane.legacy:
+            raise LabError(
+                f"node {name}: runtime 'docker' is the kubelet's dockershim, removed in Kubernetes 1.24;"
+                f" this lab runs {lab.artifacts.git_version}: use containerd (or GPUFLEET_K8S_VERSION=1.20)"
+            )
         self.runtime = runtime
         self.lab = lab
         self.control_plane = control_plane
@@ -338,6 +347,62 @@ class KubeletNode:
         argv: list[str | os.PathLike[str]] = [
             self.dir / "bin" / "kubelet",
             f"--kubeconfig={kubeconfig}", f"--hostname-override={self.name}", f"--node-ip={self.node_ip}",
+            *([f"--node-labels={labels}"] if labels else []),
+            "--v=2",
+        ]  # fmt: skip
+        if self.control_plane.legacy:
+            argv += self._legacy_flags()
+        else:
+            config = self.dir / "kubelet.yaml"
+            config.write_text(yaml.safe_dump(self.kubelet_config(), sort_keys=False))
+            argv.append(f"--config={config}")
+        self.kubelet = Daemon(
+            f"kubelet[{self.name}]", self.nsenter(argv), self.logs / f"node-{self.name}-kubelet.log"
+        )
+
+    def kubelet_config(self) -> dict[str, Any]:
+        """The KubeletConfiguration of a 1.24+ kubelet: the settings the 1.20 one takes as flags
+        (:meth:`_legacy_flags`), plus the runtime endpoint (a flag until 1.27) and cgroup v1 allowed."""
+        return {
+            "apiVersion": KUBELET_CONFIG_API,
+            "kind": "KubeletConfiguration",
+            "containerRuntimeEndpoint": f"unix://{cri.CONTAINERD_SOCKET}",
+            "runtimeRequestTimeout": "15m",
+            # pod cgroups under the node's own parent (the kubelet sends it to CRI as the sandboxes' parent)
+            "cgroupRoot": f"/{self.cgroup}",
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            # the build machines run cgroup v1, which the kubelet refuses from 1.35 unless told not to
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "makeIPTablesUtilChains": False,
+            "oomScoreAdj": 0,
+            "address": self.node_ip,
+            "port": KUBELET_PORT,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            # only the apiserver (client certificate from the lab CA) may use the kubelet API
+            "authentication": {
+                "x509": {"clientCAFile": str(self.control_plane.ca.cert)},
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi"},
+            # status is sent only when changed: 1 s shows plugin capacity quickly (default 10 s)
+            "nodeStatusUpdateFrequency": "1s",
+            # keep the default under /usr/libexec off the host
+            "volumePluginDir": "/var/lib/kubelet/volume-plugins",
+        }
+
+    def _legacy_flags(self) -> list[str | os.PathLike[str]]:
+        """Kubelet 1.20's settings as flags (its configuration file lacks the runtime endpoint)."""
+        cp = self.control_plane
+        return [
             *self._runtime_flags(),
             f"--pod-infra-container-image={PAUSE_IMAGE}",
             "--fail-swap-on=false", "--cgroups-per-qos=false", "--enforce-node-allocatable=",
@@ -353,12 +418,7 @@ class KubeletNode:
             "--eviction-hard=memory.available<100Mi",
             # status is sent only when changed: 1 s shows plugin capacity quickly (default 10 s)
             "--node-status-update-frequency=1s",
-            *([f"--node-labels={labels}"] if labels else []),
-            "--v=2",
         ]  # fmt: skip
-        self.kubelet = Daemon(
-            f"kubelet[{self.name}]", self.nsenter(argv), self.logs / f"node-{self.name}-kubelet.log"
-        )
 
     def _runtime_flags(self) -> list[str]:
         if self.runtime == "docker":

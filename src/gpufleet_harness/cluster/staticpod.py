@@ -16,7 +16,86 @@ import yaml
 
 from gpufleet_harness.cluster.process import Daemon
 
+# kube-scheduler's static pod as `kubeadm init` writes it, pointed at lab paths and a free secure port (the
+# lab shares the machine; kubeadm leaves --secure-port at 10259) and without leader election.
+# 1.37: from kubeadm v1.37.2 of the cache (`kubeadm init phase control-plane scheduler --dry-run`).
 KUBEADM_MANIFEST = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  labels:
+    component: kube-scheduler
+    tier: control-plane
+  name: kube-scheduler
+  namespace: kube-system
+spec:
+  containers:
+  - command:
+    - kube-scheduler
+    - --authentication-kubeconfig={kubeconfig}
+    - --authorization-kubeconfig={kubeconfig}
+    - --bind-address=127.0.0.1
+    - --kubeconfig={kubeconfig}
+    - --leader-elect=false
+    - --secure-port={secure_port}
+    image: registry.k8s.io/kube-scheduler:{version}
+    imagePullPolicy: IfNotPresent
+    livenessProbe:
+      failureThreshold: 8
+      httpGet:
+        host: 127.0.0.1
+        path: /livez
+        port: probe-port
+        scheme: HTTPS
+      initialDelaySeconds: 10
+      periodSeconds: 10
+      timeoutSeconds: 15
+    name: kube-scheduler
+    ports:
+    - containerPort: {secure_port}
+      name: probe-port
+      protocol: TCP
+    readinessProbe:
+      failureThreshold: 3
+      httpGet:
+        host: 127.0.0.1
+        path: /readyz
+        port: probe-port
+        scheme: HTTPS
+      periodSeconds: 1
+      timeoutSeconds: 15
+    resources:
+      requests:
+        cpu: 100m
+    startupProbe:
+      failureThreshold: 24
+      httpGet:
+        host: 127.0.0.1
+        path: /livez
+        port: probe-port
+        scheme: HTTPS
+      initialDelaySeconds: 10
+      periodSeconds: 10
+      timeoutSeconds: 15
+    volumeMounts:
+    - mountPath: {kubeconfig}
+      name: kubeconfig
+      readOnly: true
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  volumes:
+  - hostPath:
+      path: {kubeconfig}
+      type: FileOrCreate
+    name: kubeconfig
+status: {{}}
+"""
+# 1.20 (kubeadm 1.20's layout; `--port=0` switches off the insecure port 1.24 removed).
+KUBEADM_MANIFEST_1_20 = """\
 apiVersion: v1
 kind: Pod
 metadata:
@@ -37,7 +116,7 @@ spec:
     - --port=0
     - --kubeconfig={kubeconfig}
     - --leader-elect=false
-    image: k8s.gcr.io/kube-scheduler:v1.20.2
+    image: k8s.gcr.io/kube-scheduler:{version}
     imagePullPolicy: IfNotPresent
     livenessProbe:
       failureThreshold: 8
@@ -117,9 +196,11 @@ class StaticPodRunner:
         return self.daemon.tail() if self.daemon else ""
 
 
-def write_kubeadm_manifest(path: Path, kubeconfig: Path, secure_port: int) -> str:
-    """A kube-scheduler manifest as kubeadm 1.20 writes it, pointed at lab paths; returns the text."""
-    text = KUBEADM_MANIFEST.format(kubeconfig=kubeconfig, secure_port=secure_port)
+def write_kubeadm_manifest(path: Path, kubeconfig: Path, secure_port: int, version: str) -> str:
+    """A kube-scheduler manifest as kubeadm of ``version`` (``v1.37.2``, ``v1.20.2``) writes it, pointed at
+    lab paths; returns the text."""
+    template = KUBEADM_MANIFEST_1_20 if version.startswith("v1.20.") else KUBEADM_MANIFEST
+    text = template.format(kubeconfig=kubeconfig, secure_port=secure_port, version=version)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return text

@@ -116,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lab = subparsers.add_parser("lab", help="the simulated GPU fleet: podman hosts + Kubernetes (root)",
                                 description=__doc__)  # fmt: skip
     sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
-    build = add_build_command(sub)
+    build = add_build_command(sub, K8S_VERSION)
     build.add_argument("--images", action="store_true", help="also build the lab's host and gpufleet images")
     build.set_defaults(func=cmd_build_all)
     for name, func, text in (

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet_harness.cluster.k8s_build import NEWEST_K8S_VERSION
+
 PROJECT = Path(__file__).resolve().parents[3]
 SIM_DIR = "/etc/gpufleet-sim"  # inside every host: where the simulated driver's files are installed
 # slirp4netns maps the machine's loopback to this address inside a container (allow_host_loopback=true).
@@ -18,7 +20,8 @@ METRICS_PORT = 9402
 LABEL = "io.gpufleet.lab"  # podman label on everything a lab creates; its value is the lab name
 # The Kubernetes release the lab runs: built from its Go modules and cached by version
 # (gpufleet_harness.cluster.k8s_modbuild); kubeadm makes its control plane (gpufleet_harness.lab.kubeadm).
-K8S_VERSION = "1.37.2"
+# The test cluster's default is the same release (k8s_build.DEFAULT_K8S_VERSION), so CI builds one Kubernetes.
+K8S_VERSION = NEWEST_K8S_VERSION
 # The control plane's host: kubeadm's node (static pods, PKI, kubeconfigs), on containerd 2.1. Its name is
 # the inventory name (group kube_control_plane) and the Kubernetes node name.
 CONTROL_PLANE = "lab-control-plane"

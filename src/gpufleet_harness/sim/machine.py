@@ -60,6 +60,9 @@ PCIE_SPEED_MBPS = {1: 2500, 2: 5000, 3: 8000, 4: 16000, 5: 32000, 6: 64000}
 CLOCK_EVENT_IDLE = 0x1
 
 DEFAULT_DRIVER = "535.261.03"
+# Recorded GPUs' nvmlDeviceGetFieldValues tables (native/fields.c; gpu.field_values): the H200 with driver
+# 580.159.04 (tests/realgpu/h200-580.159.04-host4-fields/).
+FIELD_TABLES = ("h200-580.159.04",)
 DEFAULT_CUDA = 12020  # CUDA 12.2, what a 535 driver reports
 DEFAULT_KERNEL = "6.1.0-31-amd64"  # Debian 12's kernel, which the 535 packages are built for
 
@@ -113,6 +116,12 @@ def _int(value: Any, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise FixtureError(f"{what} must be an integer from {lo} to {hi}, got {reprlib.repr(value)}")
     return value
+
+
+def _number(value: Any, what: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise FixtureError(f"{what} must be a number from {lo:g} to {hi:g}, got {reprlib.repr(value)}")
+    return float(value)
 
 
 def _text(value: Any, what: str) -> str:
@@ -493,6 +502,23 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
     if idle_mem_temp is not None:
         idle_mem_temp = _int(idle_mem_temp, "gpu.idle_memory_temperature_c", 0, 120)
 
+    # How nvmlDeviceGetFieldValues answers (native/fields.c): a recorded model's table, or (absent) the rules
+    # written before any recording.
+    field_values = model.get("field_values")
+    if field_values is not None and field_values not in FIELD_TABLES:
+        raise FixtureError(f"gpu.field_values must be one of {', '.join(FIELD_TABLES)} (a recorded GPU's "
+                           f"field table), got {reprlib.repr(field_values)}")
+    # The memory's own power reading (field POWER_AVERAGE at scope MEMORY): idle, and at 100 % memory
+    # utilization; absent: NOT_SUPPORTED, as the simulator answered before.
+    mem_power = model.get("memory_power_w")
+    if mem_power is not None:
+        mem_power_doc = _mapping(mem_power, "gpu.memory_power_w")
+        mem_power = {k: round(_number(mem_power_doc.get(k), f"gpu.memory_power_w.{k}", 0, 1000) * 1000)
+                     for k in ("idle", "busy")}
+        if mem_power["busy"] < mem_power["idle"]:
+            raise FixtureError(f"gpu.memory_power_w.busy ({mem_power['busy'] / 1000:g} W) is below its idle "
+                               f"({mem_power['idle'] / 1000:g} W)")
+
     def idle_mw(i: int) -> int:
         base = idle_power_mw if idle_power_mw is not None else power_limit_mw * 15 // 100
         return int(min(base + 1000 * (i % 7), power_limit_mw))
@@ -587,6 +613,8 @@ def _expand(name: str, fx: dict[str, Any]) -> dict[str, Any]:
             "load": workload.derive_params(idle_mw(i), power_limit_mw),
             "temperature_c": idle_temp + i % 6,
             "memory_temperature_c": None if idle_mem_temp is None else idle_mem_temp + i % 6,
+            "memory_power_mw": mem_power,
+            "field_values": field_values,
             "performance_state": 0,
             "clocks": idle,
             "max_clocks": max_clocks,

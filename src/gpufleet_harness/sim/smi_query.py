@@ -30,7 +30,8 @@ COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclu
 FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
 # nvml.h field ids (nvmlDeviceGetFieldValues) nvidia-smi's readings come from, and nvmlValueType_t -> the
 # member of nvmlValue_t holding the value
-FI_MEMORY_TEMP, FI_POWER_INSTANT = 82, 186
+FI_MEMORY_TEMP, FI_POWER_AVERAGE, FI_POWER_INSTANT = 82, 185, 186
+POWER_SCOPE_MEMORY = 2  # the power fields' scopeId for the GPU's memory (nvml.h NVML_POWER_SCOPE_MEMORY)
 FIELD_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 # NVML_CLOCKS_EVENT_REASON_* bits
@@ -470,8 +471,10 @@ def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
           F("Min Power Limit", "min_power_limit", _watts(_pair(power_limits, 0))),
           F("Max Power Limit", "max_power_limit", _watts(_pair(power_limits, 1)))),
         G("GPU Memory Power Readings ", "gpu_memory_power_readings",  # (sic: the trailing space is real)
-          F("Average Power Draw", "average_power_draw", None),
-          F("Instantaneous Power Draw", "instant_power_draw", None)),
+          F("Average Power Draw", "average_power_draw",
+            _watts(r.field(FI_POWER_AVERAGE, POWER_SCOPE_MEMORY))),
+          F("Instantaneous Power Draw", "instant_power_draw",
+            _watts(r.field(FI_POWER_INSTANT, POWER_SCOPE_MEMORY)))),
         G("Module Power Readings", "module_power_readings", F(None, "power_state", pstate_text),
           *[F(label, tag, None) for label, tag in _POWER_FIELDS]),
         F("Power Smoothing", "power_smoothing", None),

@@ -16,7 +16,8 @@ The instantaneous power of a GPU is a step function of its records (``power_at``
 is its one-second average and the energy counter its integral. Energy is the one reading that must never
 go backwards, across processes too, so it is computed in integers (mW x ms = µJ) by the same rule here
 and in C; ``fold`` uses it to keep the file short: the records of a GPU that has been idle for a minute
-become one ``settled`` line holding the energy they added, without changing any reading.
+become one ``settled`` line holding the energy they added (and a ``counters`` line with the time idle and
+held by the power cap and the PCIe bytes until then), without changing any reading.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ HEADER = (
     "# Workloads on the simulated GPUs (gpufleet GPU simulator); rewritten atomically under flock(lock).\n"
     "# load ID GPU START_MS END_MS UTIL MEM_UTIL ENC DEC PID MEMORY_MIB GI CI NAME KIND  (END -1: running)\n"
     "# settled GPU AT_MS EXTRA_UJ  (energy above idle of the folded records, up to AT_MS)\n"
+    "# counters GPU AT_MS IDLE_MS CAPPED_MS TX_BYTES RX_BYTES  (since boot, up to a settled line's AT_MS)\n"
 )
 NO_END = -1
 NO_INSTANCE = -1
@@ -58,6 +60,9 @@ KINDS = (COMPUTE, MEMBOUND)
 # How far from idle to the cap a 100 % memory-bound load draws (recorded: 522.9 W on the H200, whose idle is
 # 79.6 W and cap plateau 691.6 W), in 1/10000.
 MEMBOUND_SHARE = 7244
+# PCIe traffic (KB/s) per % busy of each kind, on top of the idle driver traffic (recorded: matrix products
+# ~7.5 MB/s TX, ~15 MB/s RX; a memset loop 15-17 / 38-39 MB/s); load.c's PCIE_*_PER_UTIL*.
+PCIE_PER_UTIL = {COMPUTE: (70, 145), MEMBOUND: (150, 384)}
 MAX_RECORDS = 4096  # a state file beyond this is not one the writers made
 _NAME = re.compile(r"[^A-Za-z0-9._:+/@=-]")
 MAX_NAME = 63  # the library keeps 64 bytes of a name
@@ -96,15 +101,31 @@ class Load:
 
 
 @dataclass(frozen=True)
+class Counters:
+    """What a GPU's counters had counted since boot: ms idle, ms held by the power cap, PCIe bytes."""
+
+    idle_ms: int = 0
+    capped_ms: int = 0
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class Settled:
-    """A GPU's folded history: the energy above idle its records added up to `at_ms`."""
+    """A GPU's folded history: the energy above idle its records added up to `at_ms`, and its counters then
+    (None: a file of an older writer, read as an idle GPU since boot)."""
 
     gpu: int
     at_ms: int
     extra_uj: int
+    counters: Counters | None = None
 
     def line(self) -> str:
-        return f"settled {self.gpu} {self.at_ms} {self.extra_uj}"
+        text = f"settled {self.gpu} {self.at_ms} {self.extra_uj}"
+        if self.counters is not None:
+            c = self.counters
+            text += f"\ncounters {self.gpu} {self.at_ms} {c.idle_ms} {c.capped_ms} {c.tx_bytes} {c.rx_bytes}"
+        return text
 
 
 @dataclass
@@ -125,6 +146,7 @@ class State:
 def parse(text: str) -> State:
     """A state file's records; what is not a record (comments, garbage) is skipped, as the library does."""
     state = State()
+    counters: dict[tuple[int, int], Counters] = {}
     for raw in text.splitlines():
         words = raw.split("#", 1)[0].split()
         try:
@@ -133,6 +155,10 @@ def parse(text: str) -> State:
             elif len(words) == 4 and words[0] == "settled":
                 s = Settled(int(words[1]), int(words[2]), int(words[3]))
                 state.settled[s.gpu] = s
+            elif len(words) == 7 and words[0] == "counters":
+                n = [int(w) for w in words[1:]]
+                if min(n) >= 0:
+                    counters[(n[0], n[1])] = Counters(*n[2:])
             elif len(words) in (14, 15) and words[0] == "load":
                 n = [int(w) for w in words[1:13]]
                 # no kind (an older writer's line) or one this version does not know: compute, as in C
@@ -142,6 +168,9 @@ def parse(text: str) -> State:
         except ValueError:
             continue
     state.next_id = max([state.next_id, *(ld.id + 1 for ld in state.loads)])
+    for gpu, s in state.settled.items():
+        if (gpu, s.at_ms) in counters:  # the library takes a counters line only at its settled instant
+            state.settled[gpu] = replace(s, counters=counters[(gpu, s.at_ms)])
     return state
 
 
@@ -186,6 +215,8 @@ class Params:
     linger_mw: int  # after a workload, before the clocks drop (recorded: 125 W)
     linger_ms: int = LINGER_MS
     membound_mw: int | None = None  # what a 100 % memory-bound load draws; None: derived (membound_of)
+    pcie_tx_kbps: int = 0  # the idle driver traffic over PCIe
+    pcie_rx_kbps: int = 0
 
 
 def membound_of(idle_mw: int, cap_mw: int) -> int:
@@ -204,8 +235,10 @@ def params_of(gpu: dict[str, Any]) -> Params:
     """A machine.json GPU's Params."""
     doc = gpu.get("load") or derive_params(int(gpu["power_usage_mw"]), int(gpu["power_limit_mw"]))
     idle, cap = int(doc["idle_mw"]), int(doc["cap_mw"])
+    pcie = gpu.get("pcie") or {}
     return Params(idle, cap, int(doc["full_mw"]), int(doc["linger_mw"]), int(doc.get("linger_ms", LINGER_MS)),
-                  int(doc.get("membound_mw", membound_of(idle, cap))))
+                  int(doc.get("membound_mw", membound_of(idle, cap))), int(pcie.get("tx_kbps", 0)),
+                  int(pcie.get("rx_kbps", 0)))
 
 
 def demand(p: Params, compute: int, membound: int) -> int:
@@ -251,6 +284,44 @@ def extra_energy_uj(p: Params, loads: list[Load], since: int, until: int) -> int
     return sum((power_at(p, loads, a) - p.idle_mw) * (b - a) for a, b in itertools.pairwise(edges))
 
 
+def _stretch(p: Params, loads: Iterable[Load], t: int) -> tuple[bool, bool, int, int]:
+    """(idle, held by the cap, PCIe TX KB/s, RX KB/s) of a GPU at `t`: load.c's state_at, same integers."""
+    util = {COMPUTE: 0, MEMBOUND: 0}
+    active, last_end = False, None
+    for ld in loads:
+        if ld.active(t):
+            active = True
+            util[ld.kind] += ld.util
+        elif ld.end_ms != NO_END and ld.end_ms <= t:
+            last_end = ld.end_ms if last_end is None else max(last_end, ld.end_ms)
+    uc, um = util[COMPUTE], util[MEMBOUND]
+    scale = max(100, uc + um)
+    (tc, rc), (tm, rm) = PCIE_PER_UTIL[COMPUTE], PCIE_PER_UTIL[MEMBOUND]
+    tx = p.pcie_tx_kbps + (tc * uc + tm * um) * 100 // scale
+    rx = p.pcie_rx_kbps + (rc * uc + rm * um) * 100 // scale
+    idle = not active and (last_end is None or t >= last_end + p.linger_ms)
+    return idle, active and demand(p, uc, um) > p.cap_mw, tx, rx
+
+
+def counters_at(p: Params, state: State, gpu: int, t: int) -> Counters:
+    """What `gpu`'s counters have counted since boot at `t`, as the library computes them."""
+    settled = state.settled.get(gpu)
+    origin = settled.at_ms if settled else 0
+    c = settled.counters if settled and settled.counters else Counters(
+        origin, 0, p.pcie_tx_kbps * origin, p.pcie_rx_kbps * origin)
+    loads = [ld for ld in state.loads if ld.gpu == gpu]
+    if t <= origin:
+        return c
+    edges = [origin, *(b for b in breakpoints(p, loads) if origin < b < t), t]
+    idle_ms, capped_ms, tx, rx = c.idle_ms, c.capped_ms, c.tx_bytes, c.rx_bytes
+    for a, b in itertools.pairwise(edges):
+        idle, capped, tx_kbps, rx_kbps = _stretch(p, loads, a)
+        idle_ms += (b - a) if idle else 0
+        capped_ms += (b - a) if capped else 0
+        tx, rx = tx + tx_kbps * (b - a), rx + rx_kbps * (b - a)
+    return Counters(idle_ms, capped_ms, tx, rx)
+
+
 def energy_mj(p: Params, state: State, gpu: int, t: int) -> int:
     """nvmlDeviceGetTotalEnergyConsumption of `gpu` at `t`, as the library computes it."""
     settled = state.settled.get(gpu)
@@ -269,7 +340,8 @@ def fold(state: State, params: dict[int, Params], now: int) -> None:
             continue
         before = state.settled.get(gpu)
         origin, extra = (before.at_ms, before.extra_uj) if before else (0, 0)
-        state.settled[gpu] = Settled(gpu, now, extra + extra_energy_uj(p, loads, origin, now))
+        state.settled[gpu] = Settled(gpu, now, extra + extra_energy_uj(p, loads, origin, now),
+                                     counters_at(p, state, gpu, now))
         state.loads = [ld for ld in state.loads if ld.gpu != gpu]
 
 

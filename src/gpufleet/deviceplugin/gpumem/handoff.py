@@ -2,8 +2,9 @@
 
 `decide` is pure: given the node's bind-lock annotation, the pods bound to the node and the number of
 GiB the kubelet asked for, it names exactly one (pod, container) or raises HandoffError saying why.
-`MemoryHandoff` wraps it with the API reads and writes, one Allocate at a time. The annotations' formats
-are defined in `gpufleet.handoff`; their parse errors become HandoffError here.
+`MemoryHandoff` wraps it with the node's read, the view of its pods and the writes, one Allocate at a
+time. The annotations' formats are defined in `gpufleet.handoff`; their parse errors become HandoffError
+here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpufleet.deviceplugin.api import pb
-from gpufleet.deviceplugin.gpumem.resolver import PodResolver, PodView
+from gpufleet.deviceplugin.gpumem.resolver import PodResolver, PodsView, PodView
 from gpufleet.deviceplugin.metrics import Metrics
 from gpufleet.deviceplugin.plugin.allocate import AllocateOptions, memory_response
 from gpufleet.deviceplugin.rm.errors import DeviceUnhealthy, HandoffError
@@ -24,6 +25,7 @@ from gpufleet.handoff import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     BIND_LOCK_ANNOTATION,
+    GPU_MEM_RESOURCE,
     Assignment,
     BindLock,
     ContainerAssignment,
@@ -33,6 +35,7 @@ from gpufleet.handoff import (
 from gpufleet.logs import log_event
 
 _TERMINAL_PHASES = {"Succeeded", "Failed"}
+VIEW_WAIT_S = 10.0  # how long an Allocate waits for the node's pod view to show what it needs
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,31 @@ def pending_of(pod: PodView) -> tuple[ContainerAssignment, ...]:
     return assignment.pending(allocated_of(pod))
 
 
-def decide(node: str, lock_value: str | None, pods: Sequence[PodView], now: float, gib: int) -> Decision:
+def waiting_pods(node: str, pods: Sequence[PodView], resource: str = GPU_MEM_RESOURCE) -> dict[str, PodView]:
+    """The pods on `node` an Allocate could be for, by UID: live pods with assigned containers not yet
+    allocated, and pods not yet started that ask for `resource` but carry no assignment (bound without the
+    extender: the kubelet admits them too, and the plugin cannot tell their Allocate from the holder's)."""
+    out = {}
+    for p in pods:
+        if p.node != node or p.phase in _TERMINAL_PHASES:
+            continue
+        if pending_of(p) or (resource in p.requests and p.phase == "Pending" and assignment_of(p) is None):
+            out[p.uid] = p
+    return out
+
+
+def decide(
+    node: str,
+    lock_value: str | None,
+    pods: Sequence[PodView],
+    now: float,
+    gib: int,
+    resource: str = GPU_MEM_RESOURCE,
+) -> Decision:
     """The one container this Allocate of `gib` GiB is for; HandoffError when that is not certain."""
     lock = lock_of(lock_value)
     live = [p for p in pods if p.node == node and p.phase not in _TERMINAL_PHASES]
-    pending = {p.uid: p for p in live if pending_of(p)}
+    pending = waiting_pods(node, pods, resource)
     candidates = dict(pending)
     if lock is not None and lock.live(now):
         holder = next((p for p in live if p.uid == lock.pod_uid), None)
@@ -137,7 +160,13 @@ def decide(node: str, lock_value: str | None, pods: Sequence[PodView], now: floa
 
 
 class MemoryHandoff:
-    """Answers GPU-memory Allocates from the extender's assignment, one at a time."""
+    """Answers GPU-memory Allocates from the extender's assignment, one at a time.
+
+    Per Allocate: a GET of the node (the lock), no read of pods (the node's view, fed by a watch, is waited
+    on until it shows the lock holder bound), one patch of the holder's `allocated`, then the view is waited
+    on until it has reached that patch; a pod it then shows waiting besides the holder undoes the record
+    and refuses (docs/handoff.md, "Reading the node's pods"). After the last container, the lock is removed.
+    """
 
     def __init__(
         self,
@@ -148,6 +177,8 @@ class MemoryHandoff:
         opts: AllocateOptions,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        resource: str = GPU_MEM_RESOURCE,
+        view_wait: float = VIEW_WAIT_S,
     ) -> None:
         self.resolver = resolver
         self.node = node
@@ -156,6 +187,9 @@ class MemoryHandoff:
         self.opts = opts
         self.metrics = metrics or Metrics()
         self.clock = clock
+        self.resource = resource
+        self.view_wait = view_wait
+        self.pods = resolver.node_pods(node)  # starts the node's watch now, before the first Allocate
         # Read-decide-record must not interleave: the plugin is the only writer of `allocated`.
         self._lock = threading.Lock()
 
@@ -170,9 +204,28 @@ class MemoryHandoff:
             self.metrics.inc("gpufleet_dp_handoff_total", result="ok")
             return response
 
+    def _view(self, holder: str | None) -> PodsView:
+        """The node's pods, once the view shows `holder` bound here (the kubelet has seen it bound, so the
+        watch delivers it), or as they are after `view_wait` seconds."""
+
+        def shows_holder(view: PodsView) -> bool:
+            pod = view.get(holder) if holder else None
+            return holder is None or (pod is not None and pod.node == self.node)
+
+        view = self.pods.wait(shows_holder, self.view_wait if holder else 0.0)
+        if not view.synced:
+            raise HandoffError(
+                f"node {self.node}: the plugin has not listed the node's pods yet "
+                f"({view.error or 'its watch is starting'})"
+            )
+        return view
+
     def _allocate(self, gib: int) -> pb.ContainerAllocateResponse:
-        lock_value = self.resolver.node_annotations(self.node).get(BIND_LOCK_ANNOTATION)
-        decision = decide(self.node, lock_value, self.resolver.pods_on_node(self.node), self.clock(), gib)
+        node = self.resolver.read_node(self.node)
+        lock_value = node.annotations.get(BIND_LOCK_ANNOTATION)
+        lock, now = lock_of(lock_value), self.clock()
+        view = self._view(lock.pod_uid if lock is not None and lock.live(now) else None)
+        decision = decide(self.node, lock_value, view.pods, now, gib, self.resource)
         known, health = self.gpus(), self.health()
         chosen = []
         for uuid in decision.container.gpus:
@@ -193,11 +246,12 @@ class MemoryHandoff:
         response = memory_response(chosen, decision.container.gpu_mem_gib, self.opts)
         # Record before answering: if the write fails the kubelet rejects the pod, which is safe; an
         # unrecorded allocation would make the next Allocate ambiguous.
-        self.resolver.set_allocated(
+        written = self.resolver.set_allocated(
             decision.pod, format_allocated((*decision.allocated, decision.container.name))
         )
+        self._confirm(decision, written)
         if decision.last:
-            self.resolver.release_lock(self.node, decision.pod.uid)
+            self.resolver.release_lock(self.node, decision.pod.uid, node)
         log_event(
             "gpu_memory_allocated",
             pod=decision.pod.ref,
@@ -208,3 +262,32 @@ class MemoryHandoff:
             lock_released=decision.last,
         )
         return response
+
+    def _confirm(self, decision: Decision, written: int) -> None:
+        """Once the view has reached the plugin's own write (resourceVersion `written`), it holds every pod
+        bound to the node before this Allocate arrived, the pod the kubelet is admitting included. If one
+        besides the holder waits for GPU memory, the Allocate may be for it: undo the record and refuse."""
+        view = self.pods.wait(lambda v: v.version >= written, self.view_wait)
+        if view.version < written:
+            problem = (
+                f"node {self.node}: the plugin's view of the node's pods did not reach its own write to pod "
+                f"{decision.pod.ref} (resourceVersion {written}, view at {view.version}) within "
+                f"{self.view_wait:.0f} s ({view.error or 'the watch is behind'})"
+            )
+        else:
+            others = sorted(
+                p.ref
+                for uid, p in waiting_pods(self.node, view.pods, self.resource).items()
+                if uid != decision.pod.uid
+            )
+            if not others:
+                return
+            problem = (
+                f"node {self.node}: cannot tell which pod this Allocate is for: lock held by "
+                f"{decision.pod.ref} (uid {decision.pod.uid}), also waiting: {', '.join(others)}"
+            )
+        try:
+            self.resolver.set_allocated(decision.pod, format_allocated(decision.allocated) or None)
+        except HandoffError as exc:
+            problem += f"; undoing {ALLOCATED_ANNOTATION} on {decision.pod.ref} failed: {exc}"
+        raise HandoffError(problem)

@@ -140,11 +140,9 @@ class EventStream(Protocol):
 
     def wait(self, timeout_s: float) -> Sequence[HealthEvent]:
         """Block until events arrive or `timeout_s` passes (then return an empty sequence)."""
-        ...
 
     def close(self) -> None:
         """Release the underlying NVML event set."""
-        ...
 
 
 class DeviceSource(Protocol):
@@ -152,16 +150,12 @@ class DeviceSource(Protocol):
 
     def inventory(self) -> NodeInventory:
         """Discover the GPUs; raise SourceUnavailable when NVML cannot be used."""
-        ...
 
     def open_events(self, uuids: Sequence[str]) -> EventStream:
         """Start receiving XID / ECC events for these GPUs; raise SourceUnavailable on failure."""
-        ...
 
     def probe(self, uuid: str) -> Probe:
         """Check that NVML can reach and query the GPU now."""
-        ...
 
     def close(self) -> None:
         """Release NVML."""
-        ...

@@ -309,6 +309,16 @@ static int load_gpu(struct nvmlDevice_st *g, const sj_value *j, unsigned i, cons
     g->temperature = (unsigned)sj_int(sj_get(j, "temperature_c"), 30);
     g->has_mem_temp = !sj_is_null(sj_get(j, "memory_temperature_c"));
     g->mem_temperature = (unsigned)sj_int(sj_get(j, "memory_temperature_c"), 0);
+    {
+        const sj_value *mp = sj_get(j, "memory_power_mw");
+        g->has_mem_power = !sj_is_null(mp);
+        g->mem_power_idle_mw = (unsigned)sj_int(sj_get(mp, "idle"), 0);
+        g->mem_power_busy_mw = (unsigned)sj_int(sj_get(mp, "busy"), g->mem_power_idle_mw);
+        if (g->mem_power_busy_mw < g->mem_power_idle_mw) g->mem_power_busy_mw = g->mem_power_idle_mw;
+    }
+    /* a field table this library does not know (a newer machine.json) answers by the default rules */
+    g->field_table = strcmp(sj_str(sj_get(j, "field_values"), ""), "h200-580.159.04") == 0 ? SIM_FIELDS_H200_580
+                                                                                           : SIM_FIELDS_DEFAULT;
     g->pstate = (unsigned)sj_int(sj_get(j, "performance_state"), 0);
     for (c = 0; c < NVML_CLOCK_COUNT; c++) {
         g->clocks[c] = (unsigned)sj_int(sj_get(sj_get(j, "clocks"), clock_names[c]), 0);

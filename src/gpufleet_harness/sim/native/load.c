@@ -35,14 +35,17 @@
 #define TEMP_SLOW_C 3.5
 #define TEMP_SLOW_MS 3000.0
 #define POWER_WINDOW_MS 1000   /* NVML's power reading: the average over the last second */
-/* Memory temperature: a fast lag of power and memory activity, a slow one of power (fitted to the H200s:
- * 34 -> 40/43 ... 46 C over 18 s of matrix products at 25 % memory, 36 -> 48 C after 12 s, 50-51 C a few
- * seconds into a memset loop at 100 % memory; 41/39/38/37 C after). */
-#define MTEMP_FAST_POWER_C 6.1
-#define MTEMP_FAST_MEMORY_C 8.5
-#define MTEMP_FAST_MS 1000.0
-#define MTEMP_SLOW_C 4.0
-#define MTEMP_SLOW_MS 6000.0
+/* Memory temperature: a fast lag that follows mostly the memory's own activity and a slow one that follows
+ * mostly the power, least-squares fitted to two H200s together: the fourth host's memset loop sampled every
+ * 0.5 s (36 -> 47 C 0.3 s in, 52 at 1.3 s, 55-56 at 5-12 s; 43 C 0.5 s after, 40 at 1.5 s, 37 at 5.5 s) and
+ * the first host's matrix products at 25 % memory (dmon, 1 s: 34 -> 40/43 ... 46 C over 19 s; 41/39/38/37 C
+ * after). Each lag heads for POWER_C x the power's share of the cap + MEMORY_C x the memory utilization. */
+#define MTEMP_FAST_POWER_C 1.7
+#define MTEMP_FAST_MEMORY_C 13.1
+#define MTEMP_FAST_MS 280.0
+#define MTEMP_SLOW_POWER_C 6.4
+#define MTEMP_SLOW_MEMORY_C 1.45
+#define MTEMP_SLOW_MS 4800.0
 #define CONTEXT_KIB 9024ULL    /* the driver's share of each process's context: 8.8125 MiB (recorded: v1 used
                                 * 2271084544 B = reserved 615.0625 + process 1542 + 8.8125 MiB) */
 #define BAR1_PROCESS_KIB 64ULL /* BAR1 maps a process's memory, its context and 64 KiB more (recorded: 1.625 ->
@@ -74,6 +77,15 @@ static unsigned long long demand_mw(const struct nvmlDevice_st *g, unsigned uc, 
     unsigned long long scale = uc + um > 100 ? uc + um : 100;
     return g->load_idle_mw + ((unsigned long long)(g->load_full_mw - g->load_idle_mw) * uc +
                               (unsigned long long)(g->load_membound_mw - g->load_idle_mw) * um) / scale;
+}
+
+/* PCIe throughput (KB/s) of a stretch: the idle driver traffic and each kind's, scaled down with the rest when
+ * the workloads ask for more than 100 % (workload.py's pcie_at, the same integers). */
+static void pcie_rates(const struct nvmlDevice_st *g, unsigned uc, unsigned um, unsigned *tx, unsigned *rx)
+{
+    unsigned scale = uc + um > 100 ? uc + um : 100;
+    *tx = g->pcie_tx + (PCIE_TX_PER_UTIL * uc + PCIE_TX_PER_UTIL_MEMBOUND * um) * 100 / scale;
+    *rx = g->pcie_rx + (PCIE_RX_PER_UTIL * uc + PCIE_RX_PER_UTIL_MEMBOUND * um) * 100 / scale;
 }
 
 /* The instantaneous state of `gpu` at `t` from its records (workload.py's power_at, the same integers). */
@@ -111,6 +123,7 @@ static void state_at(const struct nvmlDevice_st *g, long long t, sim_seg *s)
         s->util_membound = um;
         demand = demand_mw(g, uc, um);
         s->power_mw = (unsigned)(demand < g->load_cap_mw ? demand : g->load_cap_mw);
+        s->capped = demand > g->load_cap_mw;
     } else if (ended && t < last_end + g->load_linger_ms) {
         s->state = SIM_GPU_LINGER;
         s->power_mw = g->load_linger_mw;
@@ -118,6 +131,7 @@ static void state_at(const struct nvmlDevice_st *g, long long t, sim_seg *s)
         s->state = SIM_GPU_IDLE;
         s->power_mw = g->load_idle_mw;
     }
+    pcie_rates(g, uc, um, &s->pcie_tx, &s->pcie_rx);
 }
 
 static int cmp_ll(const void *a, const void *b)
@@ -138,10 +152,26 @@ static double heat(const struct nvmlDevice_st *g, unsigned power_mw)
     return ((double)power_mw - g->load_idle_mw) / (double)(g->load_cap_mw - g->load_idle_mw);
 }
 
-/* Where the memory temperature's fast lag heads during a stretch (degrees above idle). */
+/* Where the memory temperature's lags head during a stretch (degrees above idle). */
 static double mtemp_fast_target(const struct nvmlDevice_st *g, const sim_seg *s)
 {
     return MTEMP_FAST_POWER_C * heat(g, s->power_mw) + MTEMP_FAST_MEMORY_C * s->mem_util / 100.0;
+}
+
+static double mtemp_slow_target(const struct nvmlDevice_st *g, const sim_seg *s)
+{
+    return MTEMP_SLOW_POWER_C * heat(g, s->power_mw) + MTEMP_SLOW_MEMORY_C * s->mem_util / 100.0;
+}
+
+/* The counters at `t` within stretch `s` (which starts at or before `t`). */
+static void counters_at(const sim_seg *s, long long t, long long *idle, long long *capped, long long *tx,
+                        long long *rx)
+{
+    long long dt = t - s->at;
+    *idle = s->idle_ms + (s->state == SIM_GPU_IDLE ? dt : 0);
+    *capped = s->capped_ms + (s->capped ? dt : 0);
+    *tx = s->tx_bytes + (long long)s->pcie_tx * dt;
+    *rx = s->rx_bytes + (long long)s->pcie_rx * dt;
 }
 
 static void build_timeline(unsigned gpu)
@@ -184,6 +214,18 @@ static void build_timeline(unsigned gpu)
             s->extra_uj = 0;
             /* the origin is a settled (cool) GPU or boot */
             s->temp_fast = s->temp_slow = s->mtemp_fast = s->mtemp_slow = 0.0;
+            s->mem_util_ms = 0;
+            if (tl->has_counters) {
+                s->idle_ms = tl->origin_idle_ms;
+                s->capped_ms = tl->origin_capped_ms;
+                s->tx_bytes = tl->origin_tx_bytes;
+                s->rx_bytes = tl->origin_rx_bytes;
+            } else { /* no record of what came before: an idle GPU since boot */
+                s->idle_ms = s->at;
+                s->capped_ms = 0;
+                s->tx_bytes = (long long)g->pcie_tx * s->at;
+                s->rx_bytes = (long long)g->pcie_rx * s->at;
+            }
         } else {
             const sim_seg *p = &tl->segs[nseg - 1];
             double dt = (double)(s->at - p->at), x = heat(g, p->power_mw);
@@ -191,7 +233,9 @@ static void build_timeline(unsigned gpu)
             s->temp_fast = lag(p->temp_fast, TEMP_FAST_C * x, dt, TEMP_FAST_MS);
             s->temp_slow = lag(p->temp_slow, TEMP_SLOW_C * x, dt, TEMP_SLOW_MS);
             s->mtemp_fast = lag(p->mtemp_fast, mtemp_fast_target(g, p), dt, MTEMP_FAST_MS);
-            s->mtemp_slow = lag(p->mtemp_slow, MTEMP_SLOW_C * x, dt, MTEMP_SLOW_MS);
+            s->mtemp_slow = lag(p->mtemp_slow, mtemp_slow_target(g, p), dt, MTEMP_SLOW_MS);
+            counters_at(p, s->at, &s->idle_ms, &s->capped_ms, &s->tx_bytes, &s->rx_bytes);
+            s->mem_util_ms = p->mem_util_ms + (long long)p->mem_util * (s->at - p->at);
         }
         nseg++;
     }
@@ -221,6 +265,13 @@ static long long energy_uj(const struct nvmlDevice_st *g, const sim_timeline *tl
     return e;
 }
 
+/* The memory utilization's integral (% x ms) from the timeline's origin to `t` (0 before it). */
+static long long mem_util_ms(const sim_timeline *tl, long long t)
+{
+    const sim_seg *s = seg_at(tl, t);
+    return s ? s->mem_util_ms + (long long)s->mem_util * (t - s->at) : 0;
+}
+
 /* ------------------------------------------------------------------------------------ the state file */
 
 static void parse_state(char *text)
@@ -233,6 +284,7 @@ static void parse_state(char *text)
     for (i = 0; i < SIM_MAX_GPUS; i++) {
         g_sim.timelines[i].origin = 0;
         g_sim.timelines[i].settled_uj = 0;
+        g_sim.timelines[i].has_counters = 0;
     }
     for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         sim_load l;
@@ -247,6 +299,22 @@ static void parse_state(char *text)
                 g_sim.timelines[gpu].settled_uj = uj;
             }
             continue;
+        }
+        {
+            /* the counters of a folded history at the same instant (a writer puts it after its `settled`) */
+            long long idle, capped, tx, rx;
+            if (sscanf(line, "counters %u %lld %lld %lld %lld %lld %c", &gpu, &at, &idle, &capped, &tx, &rx,
+                       &tail) == 6) {
+                sim_timeline *tl = gpu < g_sim.ngpus ? &g_sim.timelines[gpu] : NULL;
+                if (tl && at == tl->origin && idle >= 0 && capped >= 0 && tx >= 0 && rx >= 0) {
+                    tl->has_counters = 1;
+                    tl->origin_idle_ms = idle;
+                    tl->origin_capped_ms = capped;
+                    tl->origin_tx_bytes = tx;
+                    tl->origin_rx_bytes = rx;
+                }
+                continue;
+            }
         }
         n = sscanf(line, "load %llu %u %lld %lld %u %u %u %u %u %llu %d %d %63s %15s", &l.id, &l.gpu, &l.start,
                    &l.end, &l.util, &l.mem_util, &l.enc, &l.dec, &l.pid, &l.memory_mib, &gi, &ci, l.name, kind);
@@ -336,6 +404,9 @@ void sim_read(const struct nvmlDevice_st *device, sim_reading *r)
     s = seg_at(tl, t);
     if (!s) { /* before the timeline (a frozen clock set back): the idle GPU */
         state_at(g, t, &origin);
+        origin.idle_ms = t;
+        origin.tx_bytes = (long long)g->pcie_tx * t;
+        origin.rx_bytes = (long long)g->pcie_rx * t;
         s = &origin;
     }
     memset(r, 0, sizeof *r);
@@ -364,8 +435,26 @@ void sim_read(const struct nvmlDevice_st *device, sim_reading *r)
            lag(s->temp_slow, TEMP_SLOW_C * x, (double)(t - s->at), TEMP_SLOW_MS);
     r->temp_c = temp > 0 ? (unsigned)lround(temp) : 0;
     temp = g->mem_temperature + lag(s->mtemp_fast, mtemp_fast_target(g, s), (double)(t - s->at), MTEMP_FAST_MS) +
-           lag(s->mtemp_slow, MTEMP_SLOW_C * x, (double)(t - s->at), MTEMP_SLOW_MS);
+           lag(s->mtemp_slow, mtemp_slow_target(g, s), (double)(t - s->at), MTEMP_SLOW_MS);
     r->mem_temp_c = temp > 0 ? (unsigned)lround(temp) : 0;
+    /* the memory's power: idle + its share of the way to busy by the memory utilization, averaged over the
+     * last second like the GPU's */
+    {
+        long long m = mem_util_ms(tl, t) - mem_util_ms(tl, from);
+        unsigned long long span = g->mem_power_busy_mw - g->mem_power_idle_mw;
+        unsigned avg = t > from ? (unsigned)(m / (t - from)) : s->mem_util;
+        r->mem_power_mw = g->mem_power_idle_mw + (unsigned)(span * avg / 100);
+    }
+    /* counters since boot */
+    {
+        long long idle, capped, tx, rx;
+        counters_at(s, t, &idle, &capped, &tx, &rx);
+        r->idle_ms = (unsigned long long)idle;
+        r->capped_ms = (unsigned long long)capped;
+        r->pcie_tx_bytes = (unsigned long long)tx;
+        r->pcie_rx_bytes = (unsigned long long)rx;
+    }
+    r->now_ms = t;
     /* clocks and their reasons */
     if (s->state == SIM_GPU_IDLE) {
         r->sm_mhz = g->clocks[NVML_CLOCK_SM];
@@ -383,12 +472,8 @@ void sim_read(const struct nvmlDevice_st *device, sim_reading *r)
         r->video_mhz = max_sm ? (unsigned)((unsigned long long)g->max_clocks[NVML_CLOCK_VIDEO] * r->sm_mhz / max_sm)
                               : g->clocks[NVML_CLOCK_VIDEO];
     }
-    {
-        /* each kind's traffic, scaled down with the rest when the workloads ask for more than 100 % */
-        unsigned uc = s->util_compute, um = s->util_membound, scale = uc + um > 100 ? uc + um : 100;
-        r->pcie_tx = g->pcie_tx + (PCIE_TX_PER_UTIL * uc + PCIE_TX_PER_UTIL_MEMBOUND * um) * 100 / scale;
-        r->pcie_rx = g->pcie_rx + (PCIE_RX_PER_UTIL * uc + PCIE_RX_PER_UTIL_MEMBOUND * um) * 100 / scale;
-    }
+    r->pcie_tx = s->pcie_tx;
+    r->pcie_rx = s->pcie_rx;
 }
 
 static int runs_in(const sim_load *l, const struct nvmlDevice_st *device)

@@ -251,6 +251,9 @@ struct nvmlDevice_st {
     unsigned int power_limit_mw, power_min_mw, power_usage_mw, temperature, pstate;
     int has_mem_temp;              /* the memory's temperature sensor (HBM boards); else NOT_SUPPORTED */
     unsigned int mem_temperature;  /* idle memory temperature, C */
+    int has_mem_power;             /* the memory's power reading (field POWER_AVERAGE, scope MEMORY) */
+    unsigned int mem_power_idle_mw, mem_power_busy_mw; /* idle, and at 100 % memory utilization */
+    int field_table;               /* SIM_FIELDS_*: how nvmlDeviceGetFieldValues answers (fields.c) */
     unsigned int clocks[NVML_CLOCK_COUNT], max_clocks[NVML_CLOCK_COUNT];
     unsigned long long supported_events;
     /* identity and board (machine.json; a getter whose `has_` flag is 0 answers NOT_SUPPORTED) */
@@ -274,6 +277,10 @@ struct nvmlDevice_st {
     unsigned int load_membound_mw; /* what a 100 % memory-bound load draws (below the cap on the H200) */
     long long load_linger_ms;
 };
+
+/* What nvmlDeviceGetFieldValues answers (machine.json `field_values`): the rules written before any
+ * recording, or a recorded GPU model's table (fields.c). */
+enum { SIM_FIELDS_DEFAULT, SIM_FIELDS_H200_580 };
 
 /* ---- workloads (load.c): the sim root's workloads/state, and each GPU's timeline derived from it ---- */
 
@@ -306,11 +313,18 @@ typedef struct {
     long long extra_uj;            /* energy above idle from the timeline's origin to `at` */
     double temp_fast, temp_slow;   /* the temperature's two lags at `at`, in degrees above idle */
     double mtemp_fast, mtemp_slow; /* the memory temperature's, likewise */
+    int capped;                    /* busy and held by the power cap (clock-event reason SW power cap) */
+    unsigned pcie_tx, pcie_rx;     /* PCIe throughput, KB/s */
+    /* counters since boot at `at`: ms idle, ms held by the cap, PCIe bytes (KB/s x ms), and the memory
+     * utilization's integral since the timeline's origin (% x ms) */
+    long long idle_ms, capped_ms, tx_bytes, rx_bytes, mem_util_ms;
 } sim_seg;
 
 typedef struct {
     long long origin;              /* where the timeline starts: a `settled` line's time, else 0 */
     long long settled_uj;          /* energy above idle before the origin */
+    int has_counters;              /* a `counters` line gave the counters at the origin */
+    long long origin_idle_ms, origin_capped_ms, origin_tx_bytes, origin_rx_bytes;
     unsigned nseg;
     sim_seg *segs;
     unsigned long long last_energy_mj; /* the largest energy this process reported: never less */
@@ -322,7 +336,11 @@ typedef struct {
     unsigned power_mw, util, mem_util, enc, dec, temp_c, sm_mhz, video_mhz, pcie_tx, pcie_rx;
     unsigned instant_mw;           /* the instantaneous power (power_mw is its average over a second) */
     unsigned mem_temp_c;           /* the memory temperature (GPUs with the sensor) */
+    unsigned mem_power_mw;         /* the memory's power, averaged over the last second (GPUs with it) */
     unsigned long long energy_mj, reasons;
+    long long now_ms;              /* the sim clock the reading was taken at */
+    /* since boot: ms idle, ms held by the power cap, bytes over PCIe */
+    unsigned long long idle_ms, capped_ms, pcie_tx_bytes, pcie_rx_bytes;
 } sim_reading;
 
 typedef struct {

@@ -1,1 +1,0 @@
-../../../src/gpufleet/deviceplugin/gfd.py

@@ -1,0 +1,1 @@
+../../../src/gpufleet/deviceplugin/gfd_names.py
