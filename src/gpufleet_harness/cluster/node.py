@@ -41,18 +41,16 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client as k8s
 
 from gpufleet.imageref import qualified
-from gpufleet_harness.cluster import cri, oci_runtime
+from gpufleet_harness.cluster import cri, oci_runtime, pki
+from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, http_ok, run, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
-
-if TYPE_CHECKING:
-    from gpufleet_harness.cluster.cluster import ControlPlane, TestCluster
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +80,48 @@ def veth_names(cluster_id: str, index: int) -> tuple[str, str]:
     return f"gl{cluster_id}{index}h", f"gl{cluster_id}{index}n"
 
 
+class NodeCluster(Protocol):
+    """What a node uses of the test cluster it belongs to (``cluster.TestCluster`` has it). A protocol, so
+    this module needs nothing from ``cluster.py``, which starts nodes: no import loop, not even for type
+    checking (tests/architecture/test_import_cycles.py)."""
+
+    @property
+    def artifacts(self) -> K8sArtifacts: ...
+    @property
+    def dir(self) -> Path: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def logs(self) -> Path: ...
+
+
+class NodeUser(Protocol):
+    """A control-plane user as a node sees it (``cluster.Credentials``): its name."""
+
+    @property
+    def user(self) -> str: ...
+
+
+class NodeControlPlane(Protocol):
+    """What a node uses of its control plane (``cluster.ControlPlane``): the minor-version switch, the CA
+    that signs the apiserver's client certificate, the kubelet's credentials and kubeconfig, an API client."""
+
+    @property
+    def legacy(self) -> bool: ...
+    @property
+    def ca(self) -> pki.KeyPair: ...
+    def node_credentials(self, node_name: str) -> NodeUser: ...
+    def kubeconfig(self, user: str = "admin") -> Path: ...
+    def core_v1(self, user: str = "admin") -> k8s.CoreV1Api: ...
+
+
 class KubeletNode:
     """A container runtime + kubelet registered as ``name`` with the test cluster's control plane."""
 
     def __init__(
         self,
-        cluster: TestCluster,
-        control_plane: ControlPlane,
+        cluster: NodeCluster,
+        control_plane: NodeControlPlane,
         name: str,
         *,
         index: int = 0,
