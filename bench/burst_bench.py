@@ -86,7 +86,7 @@ from gpufleet.handoff import (
     Assignment,
     parse_allocated,
 )
-from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler, create_fake_node
+from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster, create_fake_node
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts, cached, ensure_k8s
 from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
 
@@ -474,7 +474,7 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
     ask = args.ask if mode == "extender" else 0
     expected = min(pods, fleet.fits(args.ask)) if ask else pods
     result = Result(mode, pods, expected)
-    with Lab(artifacts, base) as lab:
+    with TestCluster(artifacts, base) as lab:
         cp = lab.start_control_plane(controller_manager=False)
         core = cp.core_v1()
         core.api_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32  # pools are made lazily

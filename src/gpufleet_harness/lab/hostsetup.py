@@ -34,7 +34,7 @@ from gpufleet_harness.cluster.cri import (
     stream_import,
 )
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE
-from gpufleet_harness.cluster.process import LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.sim import machine as simmachine
 from gpufleet_harness.testhosts.images import INIT_WRAPPER
 from gpufleet_harness.testhosts.podman import podman
@@ -187,7 +187,7 @@ def create(
         wait_for(f"{name}: systemd to finish booting",
                  lambda: exec_in(name, "systemctl", "is-system-running", check=False).strip()
                  in ("running", "degraded"), 120, interval=0.5)  # fmt: skip
-    except LabError as err:
+    except ClusterError as err:
         raise HostError(str(err)) from None
 
 
@@ -279,7 +279,7 @@ def configure_runtime(spec: LabSpec, host: HostSpec) -> None:
         wait_for(f"{name}: containerd to answer on {CONTAINERD_SOCKET}",
                  lambda: exec_in(name, "ctr", "version", check=False).count("Version:") >= 2, 60,
                  interval=0.5)  # fmt: skip
-    except LabError as err:
+    except ClusterError as err:
         raise HostError(str(err)) from None
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet_harness.cluster.cluster import Lab
+from gpufleet_harness.cluster.cluster import TestCluster
 from gpufleet_harness.cluster.k8s_build import ensure_k8s
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
@@ -63,7 +63,7 @@ def serve(state_dir: Path, hosts: list[str], scrape: dict[str, int] | None = Non
     repo = build_repo(state_dir / "apt-repo")
     repo_server = RepoServer(repo.root).start()
     runner: StaticPodRunner | None = None
-    lab = Lab(ensure_k8s(LAB_K8S_VERSION, build=False), state_dir / "cluster")
+    lab = TestCluster(ensure_k8s(LAB_K8S_VERSION, build=False), state_dir / "cluster")
     targets = [ScrapeTarget(f"127.0.0.1:{port}", {"node": host}) for host, port in (scrape or {}).items()]
     prometheus = Prometheus(state_dir / "prometheus", targets, SCRAPE_INTERVAL_S)
     try:
