@@ -1,7 +1,8 @@
 """A burst of GPU-memory pods through the real kube-scheduler and the extender, beside a burst of plain pods.
 
     .venv/bin/python bench/burst_bench.py [--pods 1000,2500] [--runs 1] [--modes baseline,extender]
-        [--k8s DIR | --k8s-version VERSION] [--extender-src OLD/src] [--json FILE]
+        [--nodes 50] [--restart-extender-after BINDS] [--k8s DIR | --k8s-version VERSION]
+        [--extender-src OLD/src] [--json FILE]
 
 Issue 31's shape: per burst, one fresh etcd + kube-apiserver + kube-scheduler (no controller-manager, no
 kubelets), ``--nodes`` simulated nodes (Node objects with the capacity, labels and ``gpufleet.io/gpus``
@@ -16,6 +17,18 @@ and ``--pods`` pods created at once, each asking ``--ask`` GiB of one GPU (``gpu
   the plugin: the plugin's own code (``MemoryHandoff`` over ``KubernetesPodResolver``: a watch of each
   node's pods, per Allocate a GET of the node, the ``allocated`` patch and the bind-lock's release), one pod
   at a time per node, as soon as the bench's watch shows the pod bound.
+- ``--restart-extender-after BINDS`` (``extender`` bursts): once the bench's watch has seen BINDS pods bound,
+  the extender is SIGKILLed (its whole session, as a crash) and started again at once with the same command
+  and port; kube-scheduler keeps its configuration, so its calls fail while the extender is down and the
+  pods are retried. Reported: binds seen and seconds since the first create at the kill, seconds from the
+  kill until the new process is ready (``/readyz``, as the bench waits for the first) and until it has
+  answered its first filter (its ``/metrics``). The restarted process logs to ``extender-restarted.log``
+  beside ``extender.log``; bind failures and CPU count both processes, and the over-commit checks run
+  through the whole burst (the bench's watch does not depend on the extender).
+
+Issue 32's figure: ``--nodes 5000 --pods 1000 --restart-extender-after 500`` on Kubernetes 1.37. The nodes
+are created ``--create-threads`` at a time (four API calls each); a node's kubelet stand-in starts with its
+first pod.
 
 Reported per burst: time from the first create to the last bind, binds per second, p50/p90 bind latency
 (pod created -> watch shows it bound), creation time, bind rejections (kube-scheduler's "Binding rejected"
@@ -23,7 +36,8 @@ log lines, and the extender's own ``bind_failed`` events by reason), filter erro
 kube-apiserver, etcd, kube-scheduler, the extender and this process (the watch and the kubelet stand-in)
 from /proc, API server CPU per bind, nodes used (binpack: the fewest that hold the pods is
 ``ceil(pods / (gpus * (gpu_gib // ask)))``), over-committed GPUs (checked on every watched change and at
-the end) and refused ``Allocate`` calls. Figures, not assertions.
+the end, again from a list of the pods) and refused ``Allocate`` calls, and the time creating the nodes took.
+Figures, not assertions.
 
 Kubernetes: the lab's cached build (``gpufleet lab build``; ``--k8s-version`` picks a cache entry,
 ``--k8s`` names an entry directory with ``bin/`` directly: another version's binaries, e.g. 1.37), started
@@ -40,6 +54,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -55,6 +70,7 @@ from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 import gpufleet
 from gpufleet.deviceplugin.gpumem.handoff import MemoryHandoff
@@ -70,9 +86,9 @@ from gpufleet.handoff import (
     Assignment,
     parse_allocated,
 )
-from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler, create_fake_node
+from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster, create_fake_node
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts, cached, ensure_k8s
-from gpufleet_harness.cluster.process import Daemon, free_ports, wait_for
+from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
 
 GPU_MEM = "gpufleet.io/gpu-mem"
 NAMESPACE = "burst"
@@ -117,13 +133,16 @@ class Fleet:
         """How many pods of ``ask`` GiB the fleet holds."""
         return self.nodes * self.gpus * (self.gpu_gib // ask)
 
-    def create(self, core: Any) -> None:
+    def create(self, core: Any, threads: int) -> None:
+        """Create the Node objects, ``threads`` at a time (each is four API calls: create, status, the
+        not-ready taint's removal, a read)."""
+
         def one(name: str) -> None:
             create_fake_node(core, name, {GPU_MEM: self.gpus * self.gpu_gib},
                              labels={"gpufleet.io/gpu-sharing": "memory"},
                              annotations={"gpufleet.io/gpus": self.gpus_annotation(name)})  # fmt: skip
 
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             list(pool.map(one, self.names()))
 
 
@@ -164,6 +183,8 @@ class Recorder:
     unassigned: set[str] = field(default_factory=set)  # GPU-memory pods bound without an assignment
     lock: threading.Lock = field(default_factory=threading.Lock)
     listed: threading.Event = field(default_factory=threading.Event)
+    restart_after: int = 0  # binds after which restart_due is set (0: never)
+    restart_due: threading.Event = field(default_factory=threading.Event)
 
     def _shares(self, seen: PodSeen) -> dict[str, int]:
         if seen.node is None or seen.assignment is None or seen.assignment.node != seen.node:
@@ -191,6 +212,8 @@ class Recorder:
         self.pods[uid] = seen
         if seen.node and name not in self.bound_at:
             self.bound_at[name] = now
+            if self.restart_after and len(self.bound_at) >= self.restart_after:
+                self.restart_due.set()
         wants_gpu = any(GPU_MEM in ((c.get("resources") or {}).get("limits") or {})
                         for c in (obj.get("spec") or {}).get("containers") or [])  # fmt: skip
         if seen.node and wants_gpu and seen.assignment is None:
@@ -240,34 +263,29 @@ class Recorder:
 
 
 class Kubelets:
-    """One admission thread per node, as each node's kubelet admits its pods one at a time: each GPU-memory
-    container of a bound pod gets the plugin's ``Allocate`` with as many device IDs as it asks GiB."""
+    """One admission thread per node that has a pod, as each node's kubelet admits its pods one at a time:
+    each GPU-memory container of a bound pod gets the plugin's ``Allocate`` with as many device IDs as it
+    asks GiB. A node's thread, plugin and pods watch start with its first pod (binpack fills few of 5,000)."""
 
     def __init__(self, core: Any, fleet: Fleet, recorder: Recorder) -> None:
+        self.fleet = fleet
         self.recorder = recorder
         self.errors: list[str] = []
         self.allocated = 0
         self.allocate_s: list[float] = []  # wall time of each Allocate the plugin answered
-        # The plugin's own resolver, one for the 50 plugins: a watch of each node's pods (as each node's
-        # plugin holds one), the node's GET, the pod's and the node's patches.
+        # The plugin's own resolver, one for all the nodes' plugins: a watch of each node's pods (as each
+        # node's plugin holds one), the node's GET, the pod's and the node's patches.
         self.resolver = KubernetesPodResolver(core)
-        options = AllocateOptions(pass_device_specs=False)
-        self.handoffs = {
-            n: MemoryHandoff(self.resolver, n, (lambda i: lambda: i)(fleet.gpu_infos(n)), dict, options)
-            for n in fleet.names()
-        }
-        self.first_gpu = {n: fleet.uuids(n)[0] for n in fleet.names()}
-        self.queues: dict[str, queue.Queue[str | None]] = {n: queue.Queue() for n in fleet.names()}
+        self.options = AllocateOptions(pass_device_specs=False)
+        self.nodes = set(fleet.names())
+        self.queues: dict[str, queue.Queue[str | None]] = {}
         self.queued: set[str] = set()
         self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in fleet.names()]
-
-    def start(self) -> Kubelets:
-        for thread in self.threads:
-            thread.start()
-        return self
+        self.threads: list[threading.Thread] = []
 
     def stop(self) -> None:
+        with self._lock:
+            self.nodes.clear()  # no node starts now
         for q in self.queues.values():
             q.put(None)
         for thread in self.threads:
@@ -277,21 +295,28 @@ class Kubelets:
     def admit(self, node: str, uid: str) -> None:
         """Called from the watch (under the recorder's lock) for a bound pod with containers to allocate."""
         with self._lock:
-            if uid in self.queued or node not in self.queues:
+            if uid in self.queued or (node not in self.queues and node not in self.nodes):
                 return
             self.queued.add(uid)
+            if node not in self.queues:
+                self.queues[node] = queue.Queue()
+                self.threads.append(threading.Thread(target=self._run, args=(node,), daemon=True))
+                self.threads[-1].start()
         self.queues[node].put(uid)
 
     def _run(self, node: str) -> None:
+        infos = self.fleet.gpu_infos(node)
+        handoff = MemoryHandoff(self.resolver, node, lambda: infos, dict, self.options)
+        first_gpu = self.fleet.uuids(node)[0]
         while (uid := self.queues[node].get()) is not None:
             with self.recorder.lock:
                 seen = self.recorder.pods.get(uid)
                 todo = seen.assignment.pending(seen.allocated) if seen and seen.assignment else ()
             for container in todo:
-                ids = [f"{self.first_gpu[node]}::{k}" for k in range(container.gpu_mem_gib)]
+                ids = [f"{first_gpu}::{k}" for k in range(container.gpu_mem_gib)]
                 try:
                     started = time.monotonic()
-                    self.handoffs[node](ids)
+                    handoff(ids)
                     self.allocate_s.append(time.monotonic() - started)
                     self.allocated += 1
                 except PluginRefusal as exc:
@@ -318,15 +343,16 @@ class ExtenderProcess:
         (self.port,) = free_ports(1)
         self.base = f"http://127.0.0.1:{self.port}"
         self.url = self.base + "/gpufleet"
-        env = dict(os.environ)
+        self.env = dict(os.environ)
         if src:
-            env["PYTHONPATH"] = str(Path(src).resolve())
+            self.env["PYTHONPATH"] = str(Path(src).resolve())
         flags = {"kubeconfig": str(kubeconfig), "listen-address": "127.0.0.1", "port": str(self.port),
                  "url-prefix": "/gpufleet", "log-format": "json", **settings}  # fmt: skip
-        argv = [sys.executable, "-m", "gpufleet.extender", "serve",
-                *(a for k, v in flags.items() for a in (f"--{k}", v))]  # fmt: skip
-        self.log_path = log_path
-        self.daemon = Daemon("gpufleet-extender", argv, log_path, env=env)
+        self.argv = [sys.executable, "-m", "gpufleet.extender", "serve",
+                     *(a for k, v in flags.items() for a in (f"--{k}", v))]  # fmt: skip
+        self.log_paths = [log_path]  # one per process, the restarted one's too
+        self.killed_cpu = 0.0  # CPU seconds of the processes killed so far
+        self.daemon = Daemon("gpufleet-extender", self.argv, log_path, env=self.env)
         wait_for("extender /readyz", self._ready, 120, interval=0.1, alive=self.daemon.check)
 
     def _ready(self) -> bool:
@@ -336,16 +362,54 @@ class ExtenderProcess:
         except (urllib.error.URLError, OSError):
             return False
 
+    def _filters_answered(self) -> float:
+        """The filter requests this process has answered 200 (its /metrics; 0 while it does not answer)."""
+        try:
+            with urllib.request.urlopen(self.base + "/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, OSError):
+            return 0.0
+        return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                   if s.name == "gpufleet_extender_requests_total"
+                   and s.labels.get("verb") == "filter" and s.labels.get("code") == "200")  # fmt: skip
+
+    def cpu(self) -> float:
+        """CPU seconds of every extender process of the burst so far."""
+        return self.killed_cpu + cpu_seconds(self.daemon.pid)
+
+    def restart(self, log_path: Path, done: threading.Event) -> tuple[float, float | None]:
+        """SIGKILL the extender (its whole session, as a crash would end it) and start it again at once with
+        the same command on the same port, logging to ``log_path``. Returns the seconds from the kill until
+        the new process is ready (/readyz, as at the start) and until it has answered its first filter (None
+        if the burst is ``done`` first).
+
+        Call it from a thread that outlives the new process: the harness's daemons die with the thread
+        that started them (PR_SET_PDEATHSIG)."""
+        self.killed_cpu += cpu_seconds(self.daemon.pid)
+        killed = time.monotonic()
+        os.killpg(self.daemon.pid, signal.SIGKILL)
+        self.daemon.proc.wait(10)
+        self.log_paths.append(log_path)
+        self.daemon = Daemon("gpufleet-extender", self.argv, log_path, env=self.env)
+        wait_for("restarted extender /readyz", self._ready, 120, interval=0.05, alive=self.daemon.check)
+        ready = time.monotonic() - killed
+        while not self._filters_answered():
+            self.daemon.check()
+            if done.wait(0.05):
+                return ready, None
+        return ready, time.monotonic() - killed
+
     def bind_failures(self) -> dict[str, int]:
-        """The extender's ``bind_failed`` events by reason, from its JSON log."""
+        """The extender's ``bind_failed`` events by reason, from the JSON logs of all its processes."""
         out: dict[str, int] = {}
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if '"bind_failed"' not in line:
-                continue
-            with contextlib.suppress(ValueError):
-                doc = json.loads(line)
-                if doc.get("event") == "bind_failed":
-                    out[doc.get("reason", "?")] = out.get(doc.get("reason", "?"), 0) + 1
+        for log_path in self.log_paths:
+            for line in log_path.read_text(errors="replace").splitlines():
+                if '"bind_failed"' not in line:
+                    continue
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(line)
+                    if doc.get("event") == "bind_failed":
+                        out[doc.get("reason", "?")] = out.get(doc.get("reason", "?"), 0) + 1
         return out
 
 
@@ -395,6 +459,10 @@ class Result:
     plugin_refusals: list[str] = field(default_factory=list)
     allocate_ms: tuple[float, float] | None = None  # the plugin's Allocate, wall p50 / p90
     load: float = 0.0
+    nodes_s: float = 0.0  # creating the Node objects
+    # --restart-extender-after: binds seen and seconds since the first create at the kill, seconds from the
+    # kill until the new process was ready and until it answered its first filter (None: it got none)
+    restart: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def binds_per_s(self) -> float | None:
@@ -406,13 +474,15 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
     ask = args.ask if mode == "extender" else 0
     expected = min(pods, fleet.fits(args.ask)) if ask else pods
     result = Result(mode, pods, expected)
-    with Lab(artifacts, base) as lab:
+    with TestCluster(artifacts, base) as lab:
         cp = lab.start_control_plane(controller_manager=False)
         core = cp.core_v1()
         core.api_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32  # pools are made lazily
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
-        fleet.create(core)
+        nodes_started = time.monotonic()
+        fleet.create(core, args.create_threads)
+        result.nodes_s = time.monotonic() - nodes_started
         extender = None
         if mode == "extender":
             settings = dict(kv.split("=", 1) for kv in args.extender_setting)
@@ -423,22 +493,55 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
             scheduler = lab.start_scheduler(scheduler_config(opts))
         else:
             scheduler = lab.start_scheduler(None)
-        recorder = Recorder(args.gpu_gib)
+        recorder = Recorder(args.gpu_gib, restart_after=args.restart_extender_after if extender else 0)
         watch_api = KubeCluster(cp.api_client(), timeout=30)
         plugin_client = cp.api_client()
         # 50 nodes' watches hold a connection each, and up to 50 hand-offs call at once.
         plugin_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 128
-        kubelets = Kubelets(CoreV1Api(plugin_client), fleet, recorder).start()
+        kubelets = Kubelets(CoreV1Api(plugin_client), fleet, recorder)
         recorder.admit = kubelets.admit
         stop = threading.Event()
         watcher = threading.Thread(target=watch_api.watch, args=(recorder, stop), daemon=True)
         watcher.start()
         wait_for("the bench's watch", recorder.listed.is_set, 60)
-        procs = _processes(cp, scheduler, extender)
-        cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+        procs = _processes(cp, scheduler)
+
+        def cpu_now() -> dict[str, float]:
+            out = {name: cpu_seconds(pid) for name, pid in procs.items()}
+            if extender is not None:
+                out["extender"] = extender.cpu()
+            return out
+
+        cpu_before = cpu_now()
         created_at: dict[str, float] = {}
         result.load = os.getloadavg()[0]
         started = time.monotonic()
+        done = threading.Event()  # the binds are over: stop waiting for the restart or its first filter
+        restarted = threading.Event()  # the restart is over, or never came
+        released = threading.Event()  # the restarted extender is stopped: the thread that started it may end
+
+        def restart_extender() -> None:
+            try:
+                while not recorder.restart_due.wait(0.1):
+                    if done.is_set():
+                        return
+                with recorder.lock:
+                    binds = len(recorder.bound_at)
+                result.restart = {"binds": binds, "at_s": time.monotonic() - started}
+                log_path = lab.logs / "extender-restarted.log"
+                ready_s, filter_s = extender.restart(log_path, done)  # type: ignore[union-attr]
+                result.restart |= {"ready_s": ready_s, "first_filter_s": filter_s}
+                print(f"  extender SIGKILLed at {binds} binds, {result.restart['at_s']:.1f} s; ready after "
+                      f"{ready_s:.1f} s, first filter after {_s(filter_s)} s", file=sys.stderr)  # fmt: skip
+            except LabError as exc:
+                print(f"  extender restart failed: {exc}", file=sys.stderr)
+            finally:
+                restarted.set()
+            released.wait()
+
+        restarter = threading.Thread(target=restart_extender, daemon=True)
+        if recorder.restart_after:
+            restarter.start()
 
         def create(i: int) -> None:
             body = pod_body(i, ask)
@@ -473,15 +576,22 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
                 break
             time.sleep(0.2)
         time.sleep(args.settle)  # in-flight hand-offs land; the extender's sweep and late events show
-        cpu_after = {name: cpu_seconds(pid) for name, pid in procs.items()}
+        done.set()
+        if restarter.is_alive():
+            restarted.wait(150)
+        cpu_after = cpu_now()
+        # The end state once more, from a list rather than the watch: every GPU's assignments summed again.
+        final = Recorder(args.gpu_gib)
+        listed = core.list_namespaced_pod(NAMESPACE, _preload_content=False)
+        final.replace_pods(json.loads(listed.data)["items"])
         stop.set()
         kubelets.stop()
         watcher.join(10)
         with recorder.lock:
             bound = dict(recorder.bound_at)
             nodes_used = {p.node for p in recorder.pods.values() if p.node}
-            result.overcommitted = len(recorder.overcommitted)
-            result.unassigned = len(recorder.unassigned)
+            result.overcommitted = len(recorder.overcommitted | final.overcommitted)
+            result.unassigned = len(recorder.unassigned | final.unassigned)
         result.bound = len(bound)
         if bound:
             result.last_bind_s = max(bound.values()) - started
@@ -489,11 +599,14 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
             result.p50_s = statistics.median(latencies)
             result.p90_s = latencies[min(len(latencies) - 1, int(len(latencies) * 0.9))]
         result.nodes_used = len(nodes_used)
-        result.cpu = {name: cpu_after[name] - cpu_before[name] for name in procs}
+        result.cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_after}
         result.rejected, result.sched_errors = scheduler_rejections(scheduler.log_path)
         if extender is not None:
             result.reasons = extender.bind_failures()
             extender.daemon.stop()
+        released.set()
+        if restarter.is_alive():
+            restarter.join(10)
         result.plugin_refusals = kubelets.errors
         if kubelets.allocate_s:
             walls = sorted(kubelets.allocate_s)
@@ -505,17 +618,15 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
     return result
 
 
-def _processes(cp: ControlPlane, scheduler: Scheduler, extender: ExtenderProcess | None) -> dict[str, int]:
+def _processes(cp: ControlPlane, scheduler: Scheduler) -> dict[str, int]:
+    """The processes whose CPU the burst reports, but the extender's (ExtenderProcess.cpu: it may be two)."""
     pids = {d.name: d.pid for d in cp.daemons}
-    out = {
+    return {
         "kube-apiserver": pids["kube-apiserver"],
         "etcd": pids["etcd"],
-        "kube-scheduler": scheduler.daemon.pid,
-    }  # type: ignore[union-attr]
-    if extender is not None:
-        out["extender"] = extender.daemon.pid
-    out["bench (watch + kubelets)"] = os.getpid()
-    return out
+        "kube-scheduler": scheduler.daemon.pid,  # type: ignore[union-attr]
+        "bench (watch + kubelets)": os.getpid(),
+    }
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -548,9 +659,19 @@ def report(results: list[Result], label: str) -> str:
             return ""
         return f" (Allocate p50 / p90 {r.allocate_ms[0]:.0f} / {r.allocate_ms[1]:.0f} ms)"
 
+    def restart(r: Result) -> str:
+        if not r.restart:
+            return ""
+        got = r.restart
+        killed = f"; extender SIGKILLed at {got['binds']:.0f} binds, {_s(got['at_s'])} s into the burst"
+        if "ready_s" not in got:
+            return f"{killed}, restart failed"
+        return (f"{killed}, ready {_s(got['ready_s'])} s later, first filter answered "
+                f"{_s(got['first_filter_s'])} s later")  # fmt: skip
+
     notes = [f"{r.mode} {r.pods}: {len(r.plugin_refusals)} Allocate refusals{allocates(r)}, {r.unassigned} "
-             f"bound without assignment, {r.sched_errors} other scheduling errors, load {r.load:.1f} at start"
-             for r in results]  # fmt: skip
+             f"bound without assignment, {r.sched_errors} other scheduling errors, load {r.load:.1f} at "
+             f"start, nodes created in {r.nodes_s:.1f} s{restart(r)}" for r in results]  # fmt: skip
     return "\n".join([*lines, "", *notes])
 
 
@@ -576,7 +697,10 @@ def main() -> int:
     parser.add_argument("--extender-src", help="run the extender from this src/ (an older checkout)")
     parser.add_argument("--extender-setting", action="append", default=[], metavar="FLAG=VALUE",
                         help="a flag for `gpufleet-extender serve`, e.g. lock-wait=3")  # fmt: skip
-    parser.add_argument("--create-threads", type=int, default=16)
+    parser.add_argument("--create-threads", type=int, default=16, help="threads creating nodes and pods")
+    parser.add_argument("--restart-extender-after", type=int, default=0, metavar="BINDS",
+                        help="SIGKILL and restart the extender once the watch has seen this many pods bound "
+                             "(extender bursts; 0: never)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a burst may take")
     parser.add_argument(
         "--stall", type=float, default=240.0, help="stop after this many seconds without a bind"
@@ -586,6 +710,9 @@ def main() -> int:
     parser.add_argument("--json", help="append the results as JSON lines to this file")
     parser.add_argument("--keep-logs", help="copy each burst's logs into this directory")
     args = parser.parse_args()
+    if args.restart_extender_after < 0:
+        parser.error(f"--restart-extender-after {args.restart_extender_after}: expected a number of binds, "
+                     "0 or more (0: never)")  # fmt: skip
     artifacts = artifacts_from(args)
     src = args.extender_src or str(Path(gpufleet.__file__).resolve().parents[1])
     label = args.label or f"Kubernetes {artifacts.git_version or artifacts.version}, extender from {src}"

@@ -269,10 +269,10 @@ def real_api_server(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Path,
     the extender counts as it counts a running one."""
     from kubernetes import client
 
-    from gpufleet_harness.cluster.cluster import Lab
+    from gpufleet_harness.cluster.cluster import TestCluster
     from gpufleet_harness.cluster.k8s_build import ensure_k8s
 
-    with Lab(ensure_k8s(build=False), tmp) as lab:
+    with TestCluster(ensure_k8s(build=False), tmp) as lab:
         cp = lab.start_control_plane(controller_manager=False)
         core = client.CoreV1Api(cp.api_client())
         core.create_namespace({"metadata": {"name": "bench"}})

@@ -33,7 +33,7 @@ from gpufleet.extender.kube import KubeCluster
 from gpufleet.extender.server import make_server
 from gpufleet.extender.service import Extender
 from gpufleet.extender.settings import Settings
-from gpufleet_harness.cluster.cluster import Lab
+from gpufleet_harness.cluster.cluster import TestCluster
 from gpufleet_harness.cluster.k8s_build import BuildError, ensure_k8s
 
 HOSTILE = "1e20000000"
@@ -138,7 +138,7 @@ def main() -> None:
         artifacts = ensure_k8s(build=False)
     except BuildError as err:
         raise SystemExit(f"{err}: run `gpufleet cluster build` first") from None
-    with Lab(artifacts) as lab:
+    with TestCluster(artifacts) as lab:
         cp = lab.start_control_plane(controller_manager=False)
         core = cp.core_v1()
         core.create_namespaced_service_account("default", k8s.V1ServiceAccount(metadata={"name": "default"}))

@@ -21,14 +21,14 @@ from typing import Any
 
 import yaml
 
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
+from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, wait_for
 
 BINARY = "prometheus"
 JOB = "gpufleet-gpu"
 READY_TIMEOUT_S = 60.0
 
 
-class PrometheusMissing(LabError):
+class PrometheusMissing(ClusterError):
     """Debian's prometheus binary is not installed (scripts/bootstrap installs the package)."""
 
 
@@ -88,7 +88,7 @@ class Prometheus:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Prometheus:
-        """Write the config, start the process, wait until it is ready (LabError with its log if not)."""
+        """Write the config, start the process, wait until it is ready (ClusterError with its log if not)."""
         exe = binary()
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
@@ -108,7 +108,7 @@ class Prometheus:
         return self
 
     def check(self) -> None:
-        """Raise LabError with the log tail if the process has exited."""
+        """Raise ClusterError with the log tail if the process has exited."""
         if self.daemon is not None:
             self.daemon.check()
 
@@ -133,7 +133,7 @@ class Prometheus:
             return False
 
     def api(self, path: str, **params: str) -> Any:
-        """GET /api/v1/<path> with `params`; its `data` (LabError when Prometheus answers an error)."""
+        """GET /api/v1/<path> with `params`; its `data` (ClusterError when Prometheus answers an error)."""
         query = urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as response:
@@ -141,7 +141,8 @@ class Prometheus:
         except urllib.error.HTTPError as exc:
             doc = json.loads(exc.read() or b"{}")
         if doc.get("status") != "success":
-            raise LabError(f"prometheus /api/v1/{path}?{query}: {doc.get('errorType')}: {doc.get('error')}")
+            said = f"{doc.get('errorType')}: {doc.get('error')}"
+            raise ClusterError(f"prometheus /api/v1/{path}?{query}: {said}")
         return doc["data"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
@@ -150,5 +151,5 @@ class Prometheus:
         return list(data["result"])
 
     def wait_for(self, expr: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
-        """Wait until `expr` returns samples; return them (LabError after the timeout)."""
+        """Wait until `expr` returns samples; return them (ClusterError after the timeout)."""
         return wait_for(f"prometheus to answer {expr}", lambda: self.query(expr), timeout_s, interval=0.5)

@@ -21,13 +21,13 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from labstack import LabStack
 
-from gpufleet_harness.cluster.cluster import DEFAULT_SCHEDULER, ControlPlane, Lab, Scheduler
+from gpufleet_harness.cluster.cluster import DEFAULT_SCHEDULER, ControlPlane, Scheduler, TestCluster
 from gpufleet_harness.cluster.node import KubeletNode
 from gpufleet_harness.cluster.process import wait_for
 
 
 @pytest.fixture(scope="session")
-def lab(stack: LabStack) -> Lab:
+def lab(stack: LabStack) -> TestCluster:
     """The session lab's directory and processes (see ``stack``); stopped and removed at session end."""
     return stack.lab
 
@@ -39,7 +39,7 @@ def control_plane(stack: LabStack) -> ControlPlane:
 
 
 @pytest.fixture(scope="session")
-def kubelet_node(stack: LabStack, lab: Lab, control_plane: ControlPlane) -> KubeletNode:
+def kubelet_node(stack: LabStack, lab: TestCluster, control_plane: ControlPlane) -> KubeletNode:
     """A real kubelet on containerd CRI, Ready and untainted; device plugins go in ``.device_plugin_dir``."""
     started = time.monotonic()
     node = lab.start_kubelet_node("lab-node", labels={"gpufleet.io/lab-node": "true"})
@@ -49,7 +49,7 @@ def kubelet_node(stack: LabStack, lab: Lab, control_plane: ControlPlane) -> Kube
 
 @pytest.fixture
 def scheduler_factory(
-    stack: LabStack, lab: Lab, control_plane: ControlPlane
+    stack: LabStack, lab: TestCluster, control_plane: ControlPlane
 ) -> Iterator[Callable[..., Scheduler]]:
     """``scheduler_factory(extender_config=None, scheduler_name="default-scheduler")`` -> running scheduler.
 

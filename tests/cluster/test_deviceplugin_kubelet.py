@@ -32,7 +32,7 @@ from kubernetes.client.rest import ApiException
 
 from gpufleet_harness.cluster.cluster import ControlPlane
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, DEVICE_PLUGIN_DIR, KubeletNode
-from gpufleet_harness.cluster.process import Daemon, LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, Daemon, wait_for
 from gpufleet_harness.sim import control as simcontrol
 from gpufleet_harness.sim import machine as simmachine
 
@@ -144,7 +144,7 @@ def wait_node_resource(
     try:
         wait_for(f"{resource} capacity/allocatable {wanted} on {node}", probe, DEADLINE, interval=0.25,
                  alive=alive)  # fmt: skip
-    except LabError as err:
+    except ClusterError as err:
         raise AssertionError(f"{err}; last seen {seen[-1] if seen else None}") from None
 
 

@@ -63,9 +63,9 @@ from gpufleet.deviceplugin.plugin.allocate import VISIBLE_DEVICES_ENV, AllocateO
 from gpufleet.deviceplugin.rm.errors import RequestError as PluginRefusal
 from gpufleet.deviceplugin.rm.model import GpuInfo
 from gpufleet.extender.schedconfig import SchedulerConfigOptions, scheduler_config
-from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler
+from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster
 from gpufleet_harness.cluster.node import PAUSE_IMAGE
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
+from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -578,7 +578,7 @@ class GpuLab:
         """``wait_for`` with the extender's and scheduler's state in the failure message."""
         try:
             return wait_for(what, probe, timeout, interval=0.5, alive=self._alive)
-        except LabError as err:
+        except ClusterError as err:
             raise AssertionError(f"{err}\n{self.diagnostics()}") from None
 
     def _alive(self) -> None:
@@ -688,7 +688,7 @@ def _known(extender: ExtenderProcess, node: str) -> bool:
 
 @pytest.fixture
 def gpu_lab(
-    lab: Lab,
+    lab: TestCluster,
     control_plane: ControlPlane,
     scheduler_factory: Callable[..., Scheduler],
     fake_node: Callable[..., k8s.V1Node],

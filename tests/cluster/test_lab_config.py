@@ -13,7 +13,7 @@ import yaml
 from gpufleet_harness.cluster import cluster, k8s_build, node, oci_runtime
 from gpufleet_harness.cluster.cluster import scheduler_config
 from gpufleet_harness.cluster.k8s_build import upstream_version
-from gpufleet_harness.cluster.process import LabError
+from gpufleet_harness.cluster.process import ClusterError
 
 EXTENDER = {"urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter"}
 
@@ -82,7 +82,7 @@ def test_node_network_refuses_when_all_documentation_ranges_are_in_use(
 ) -> None:
     taken = [ipaddress.ip_network(block) for block in node.NODE_NETWORKS]
     monkeypatch.setattr(node, "machine_networks", lambda: taken)
-    with pytest.raises(LabError, match="overlaps"):
+    with pytest.raises(ClusterError, match="overlaps"):
         node.pick_node_network()
 
 
@@ -137,6 +137,7 @@ def test_a_docker_node_is_refused_on_a_current_kubelet_before_anything_starts(tm
     artifacts = k8s_build.K8sArtifacts("1.37.2", tmp_path, {"git_version": "v1.37.2"})
     lab = SimpleNamespace(artifacts=artifacts, dir=tmp_path, id="x", logs=tmp_path)
     cp = SimpleNamespace(legacy=cluster.legacy(artifacts))
-    with pytest.raises(LabError, match=r"dockershim, removed in Kubernetes 1\.24; this lab runs v1\.37\.2"):
+    refused = r"dockershim, removed in Kubernetes 1\.24; this cluster runs v1\.37\.2"
+    with pytest.raises(ClusterError, match=refused):
         node.KubeletNode(lab, cp, "n", runtime="docker")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []

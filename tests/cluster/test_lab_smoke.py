@@ -17,10 +17,10 @@ from kubernetes.stream import stream
 from lab_deviceplugin import FakeDevicePlugin, load_api
 from lab_extender import PassThroughExtender
 
-from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler, wait_for_pod_phase
+from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster, wait_for_pod_phase
 from gpufleet_harness.cluster.k8s_build import DEFAULT_K8S_VERSION
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE, PAUSE_IMAGE, KubeletNode
-from gpufleet_harness.cluster.process import LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, wait_for
 
 pytestmark = pytest.mark.cluster
 # The build the session runs: DEFAULT_K8S_VERSION unless GPUFLEET_K8S_VERSION picks another (1.20: Debian's).
@@ -67,7 +67,7 @@ def _pod_node(core: k8s.CoreV1Api, pod: str, namespace: str) -> str | None:
 
 def test_control_plane_reports_built_version(control_plane: ControlPlane) -> None:
     version = k8s.VersionApi(control_plane.api_client()).get_code()
-    assert version.git_version == control_plane.lab.artifacts.git_version == EXPECTED_VERSION
+    assert version.git_version == control_plane.cluster.artifacts.git_version == EXPECTED_VERSION
 
 
 def test_fake_node_status_patch_sets_capacity_ready_and_no_taint(
@@ -272,13 +272,13 @@ def test_busybox_pod_runs_and_exec_works(
     assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
 
 
-def test_dockershim_only_with_1_20(core: k8s.CoreV1Api, lab: Lab, namespace: str) -> None:
+def test_dockershim_only_with_1_20(core: k8s.CoreV1Api, lab: TestCluster, namespace: str) -> None:
     """dockershim left the kubelet in 1.24: the harness refuses a docker node on a current build, naming
     why, before it starts anything. With the opt-in 1.20 build it is still a choice (``runtime="docker"``)
     and a short-lived node runs a pod."""
     assert lab.control_plane is not None
     if not lab.control_plane.legacy:
-        with pytest.raises(LabError, match=r"dockershim, removed in Kubernetes 1\.24"):
+        with pytest.raises(ClusterError, match=r"dockershim, removed in Kubernetes 1\.24"):
             lab.start_kubelet_node("lab-dockershim", runtime="docker")
         assert not [n for n in lab.nodes if n.name == "lab-dockershim"]
         with pytest.raises(ApiException) as absent:

@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from gpufleet_harness.cluster.cluster import Lab, wait_for_pod_phase
+from gpufleet_harness.cluster.cluster import TestCluster, wait_for_pod_phase
 from gpufleet_harness.cluster.node import KubeletNode
 from gpufleet_harness.release import images
 
@@ -95,7 +95,7 @@ def test_containerd_cri_starts_pods_from_the_imported_image_by_id_and_by_digest(
 
 
 def test_dockershim_starts_pods_from_the_loaded_image_by_id(
-    core: k8s.CoreV1Api, lab: Lab, namespace: str, tmp_path: Path
+    core: k8s.CoreV1Api, lab: TestCluster, namespace: str, tmp_path: Path
 ) -> None:
     node = lab.start_kubelet_node("gf-images-docker", runtime="docker")
     try:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gpufleet_harness.cluster.cluster import ControlPlane, Lab, Scheduler
+from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster
 from gpufleet_harness.cluster.images import LabImage, ensure_lab_image, load_into
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts, ensure_k8s
 from gpufleet_harness.cluster.node import KubeletNode
@@ -162,7 +162,7 @@ class LabStack:
     sim_lib: Path
     artifacts: K8sArtifacts | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    _lab: Lab | None = None
+    _lab: TestCluster | None = None
     _cp: ControlPlane | None = None
     _nodes: dict[str, GpuNode] = field(default_factory=dict)
     _image: LabImage | None = None
@@ -172,11 +172,11 @@ class LabStack:
     _scheduler_config: Any = None
 
     @property
-    def lab(self) -> Lab:
+    def lab(self) -> TestCluster:
         if self._lab is None:
             with timed(self.timings, "k8s binaries + lab dir"):
                 artifacts = self.artifacts or ensure_k8s()
-                self._lab = Lab(artifacts, keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1")
+                self._lab = TestCluster(artifacts, keep=os.environ.get("GPUFLEET_LAB_KEEP") == "1")
         return self._lab
 
     @property

@@ -88,7 +88,7 @@ def test_deploy_rollout_scheduler_config_manifest_surgery_restart_and_absent(
     secure_port, health_port = free_ports(2)
     manifest = tmp_path / "manifests" / "kube-scheduler.yaml"
     original = write_kubeadm_manifest(
-        manifest, scheduler_kubeconfig, secure_port, cp.lab.artifacts.git_version
+        manifest, scheduler_kubeconfig, secure_port, cp.cluster.artifacts.git_version
     )
     config_version, health_options = scheduler_config_options(cp, health_port)
     config_file = tmp_path / "gpufleet-scheduler-config.yaml"
@@ -111,7 +111,7 @@ def test_deploy_rollout_scheduler_config_manifest_surgery_restart_and_absent(
         "scheduler_healthz_url": f"https://127.0.0.1:{secure_port}/healthz",
         "wait_timeout": 120,
     }
-    runner = StaticPodRunner(manifest, cp.lab.artifacts.binary("kube-scheduler"), tmp_path).start()
+    runner = StaticPodRunner(manifest, cp.cluster.artifacts.binary("kube-scheduler"), tmp_path).start()
     try:
         preview = run_tasks([{MODULE: args}], tmp_path, args=["--check", "--diff"]).task()
         assert preview["changed"] and not config_file.exists() and manifest.read_text() == original

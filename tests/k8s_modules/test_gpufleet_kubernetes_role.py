@@ -87,7 +87,7 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
     scheduler_kubeconfig = cp.kubeconfig("system:kube-scheduler")
     manifest = tmp_path / "manifests" / "kube-scheduler.yaml"
     original = write_kubeadm_manifest(
-        manifest, scheduler_kubeconfig, secure_port, cp.lab.artifacts.git_version
+        manifest, scheduler_kubeconfig, secure_port, cp.cluster.artifacts.git_version
     )
     config_version, health_options = scheduler_config_options(cp, health_port)
     config_file = tmp_path / "gpufleet-scheduler-config.yaml"
@@ -140,7 +140,7 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
     def labelled() -> str | None:
         return (core.read_node("gpu-a").metadata.labels or {}).get(CONFIG_LABEL)
 
-    runner = StaticPodRunner(manifest, cp.lab.artifacts.binary("kube-scheduler"), tmp_path).start()
+    runner = StaticPodRunner(manifest, cp.cluster.artifacts.binary("kube-scheduler"), tmp_path).start()
     apps = k8s.AppsV1Api(cp.api_client())
     removed = False
     try:

@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
-from gpufleet_harness.cluster.process import LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.lab.hostsetup import HostError
 from gpufleet_harness.lab.kubeadm import KubeadmCluster
 
@@ -39,7 +39,7 @@ def running(core: k8s.CoreV1Api, namespace: str, name: str, timeout: float = 180
 
     try:
         return wait_for(f"pod {namespace}/{name} Running", probe, timeout, interval=1)
-    except LabError as err:
+    except ClusterError as err:
         pod = core.read_namespaced_pod(name, namespace)
         events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
         said = "; ".join(f"{e.reason}: {e.message}" for e in events)
@@ -57,7 +57,7 @@ def kubeadm_cluster(artifacts: K8sArtifacts, *workers: tuple[str, str]) -> Itera
             made.init("2.1")
             for role, containerd in workers:
                 made.join(role, containerd)
-        except (HostError, LabError) as err:
+        except (HostError, ClusterError) as err:
             pytest.fail(f"kubeadm cluster: {err}")
         yield made
 

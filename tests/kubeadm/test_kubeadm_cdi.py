@@ -34,7 +34,7 @@ from gpufleet_harness.cluster import images
 from gpufleet_harness.cluster.cri import stream_import
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
-from gpufleet_harness.cluster.process import LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.lab.hostsetup import DEVICES_UNIT, copy_in, stage_sim, write_in
 from gpufleet_harness.lab.kubeadm import KubeadmCluster, KubeadmHost
 from gpufleet_harness.lab.spec import SIM_DIR
@@ -247,7 +247,7 @@ def test_a_pod_gets_its_gpu_through_the_cdi_names_the_plugin_returns(
 
     try:
         wait_for(f"{worker.hostname} advertising {count} nvidia.com/gpu", advertised, 240, interval=2)
-    except LabError as err:
+    except ClusterError as err:
         said = worker.sh("tail -n 30 /var/log/pods/*gpufleet-device-plugin-cdi*/plugin/*.log", check=False)
         raise AssertionError(f"{err}; the plugin said:\n{said}") from None
     script = (

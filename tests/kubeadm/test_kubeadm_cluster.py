@@ -24,7 +24,7 @@ from kubernetes import config as k8s_config
 
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
-from gpufleet_harness.cluster.process import LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.lab.hostsetup import HostError
 from gpufleet_harness.lab.kubeadm import KUBELET_SYSCTLS, LABEL, KubeadmCluster, KubeadmHost
 from gpufleet_harness.testhosts.podman import podman
@@ -50,7 +50,7 @@ def cluster(artifacts: K8sArtifacts, machine_sysctls: dict[str, str]) -> Iterato
     with KubeadmCluster(artifacts) as made:
         try:
             made.init("2.1")
-        except (HostError, LabError) as err:
+        except (HostError, ClusterError) as err:
             pytest.fail(f"kubeadm init: {err}")
         yield made
         hosts = {h.container: h.timings for h in made.hosts}
@@ -213,7 +213,7 @@ def test_worker_joins_on_containerd_1_7_and_runs_a_pod(
 ) -> None:
     try:
         worker = cluster.join("w1", "1.7")
-    except (HostError, LabError) as err:
+    except (HostError, ClusterError) as err:
         pytest.fail(f"kubeadm join: {err}")
     node = wait_for(
         f"node {worker.hostname} Ready", lambda: _node_ready(core, worker.hostname), 180, interval=1

@@ -1,1 +1,2 @@
-"""The lab: a real Kubernetes 1.20 control plane and kubelet node on one machine, for tests."""
+"""The test cluster: a real Kubernetes control plane (1.20 or 1.37) and kubelet nodes on one machine, for
+tests. Not the podman lab of simulated GPU hosts, which is :mod:`gpufleet_harness.lab`."""

@@ -1,11 +1,12 @@
 """``gpufleet cluster build|up|down|status`` (also ``python -m gpufleet_harness.cluster``): the test
 cluster alone.
 
-This is the bare Kubernetes lab the tests use (control plane + kubelet nodes in namespaces); the simulated
+This is the bare Kubernetes cluster the tests use (control plane + kubelet nodes in namespaces); the simulated
 GPU fleet is ``gpufleet lab`` (:mod:`gpufleet_harness.lab`).
 
 ``up`` runs in the foreground until interrupted (Ctrl-C, or ``gpufleet cluster down`` from another shell),
-then removes everything it started. The lab directory holds ``env`` (``export KUBECONFIG=...``) and the logs.
+then removes everything it started. The cluster directory holds ``env`` (``export KUBECONFIG=...``) and the
+logs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet_harness.cluster.cluster import LAB_PREFIX, OWNER_FILE, Lab, reap_stale_labs
+from gpufleet_harness.cluster.cluster import LAB_PREFIX, OWNER_FILE, TestCluster, reap_stale_clusters
 from gpufleet_harness.cluster.gomod import is_module_version
 from gpufleet_harness.cluster.k8s_build import (
     DEBIAN_K8S,
@@ -33,7 +34,7 @@ from gpufleet_harness.cluster.k8s_build import (
     resolve_version,
 )
 from gpufleet_harness.cluster.node import RUNTIMES
-from gpufleet_harness.cluster.process import LabError
+from gpufleet_harness.cluster.process import ClusterError
 
 
 def _base(args: argparse.Namespace) -> Path:
@@ -64,22 +65,22 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start a lab and keep it running until SIGINT/SIGTERM."""
+    """Start a test cluster and keep it running until SIGINT/SIGTERM."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         artifacts = ensure_k8s(args.version, args.cache, build=not args.no_build)
-        with Lab(artifacts, args.base, keep=args.keep) as lab:
+        with TestCluster(artifacts, args.base, keep=args.keep) as cluster:
             started = time.monotonic()
-            cp = lab.start_control_plane()
+            cp = cluster.start_control_plane()
             if args.scheduler or args.extender_config:
-                lab.start_scheduler(args.extender_config)
-            nodes = [lab.start_kubelet_node(name, runtime=args.runtime) for name in args.node]
+                cluster.start_scheduler(args.extender_config)
+            nodes = [cluster.start_kubelet_node(name, runtime=args.runtime) for name in args.node]
             kubeconfig = cp.kubeconfig()
-            (lab.dir / "env").write_text(f"export KUBECONFIG={kubeconfig}\n")
+            (cluster.dir / "env").write_text(f"export KUBECONFIG={kubeconfig}\n")
             summary = {
-                "lab": str(lab.dir),
+                "lab": str(cluster.dir),  # the key scripts read; kept
                 "kubeconfig": str(kubeconfig),
                 "apiserver": cp.url,
                 "nodes": {
@@ -96,37 +97,37 @@ def cmd_up(args: argparse.Namespace) -> int:
             while not stop.wait(1.0):
                 for daemon in cp.daemons:
                     daemon.check()
-    except (BuildError, LabError) as err:
+    except (BuildError, ClusterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
 
 
-def _labs(base: Path) -> list[tuple[Path, dict[str, object]]]:
+def _clusters(base: Path) -> list[tuple[Path, dict[str, object]]]:
     found = []
-    for lab_dir in sorted(base.glob(f"{LAB_PREFIX}*")):
+    for cluster_dir in sorted(base.glob(f"{LAB_PREFIX}*")):
         try:
-            found.append((lab_dir, json.loads((lab_dir / OWNER_FILE).read_text())))
+            found.append((cluster_dir, json.loads((cluster_dir / OWNER_FILE).read_text())))
         except (OSError, ValueError):
             continue
     return found
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """List labs under the base directory with their owner process and kubeconfig."""
-    for lab_dir, owner in _labs(_base(args)):
+    """List test clusters under the base directory with their owner process and kubeconfig."""
+    for cluster_dir, owner in _clusters(_base(args)):
         alive = Path(f"/proc/{owner.get('pid')}").exists()
-        env = lab_dir / "env"
-        print(f"{lab_dir}  owner={owner.get('pid')} {'running' if alive else 'gone'}  "
+        env = cluster_dir / "env"
+        print(f"{cluster_dir}  owner={owner.get('pid')} {'running' if alive else 'gone'}  "
               f"{env.read_text().strip() if env.exists() else ''}")  # fmt: skip
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Ask running labs' owners to stop (SIGTERM), wait, then remove whatever stale labs remain."""
+    """Ask running clusters' owners to stop (SIGTERM), wait, then remove whatever stale clusters remain."""
     base = _base(args)
-    targets = [(d, o) for d, o in _labs(base) if args.lab is None or d == Path(args.lab).resolve()]
-    for lab_dir, owner in targets:
+    targets = [(d, o) for d, o in _clusters(base) if args.lab is None or d == Path(args.lab).resolve()]
+    for cluster_dir, owner in targets:
         pid = int(str(owner.get("pid")))
         if pid == os.getpid():
             continue
@@ -137,8 +138,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 60
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        print(f"stopped {lab_dir}")
-    for removed in reap_stale_labs(base):
+        print(f"stopped {cluster_dir}")
+    for removed in reap_stale_clusters(base):
         print(f"removed stale {removed}")
     return 0
 
@@ -171,13 +172,13 @@ def add_build_command(
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "cluster") -> None:
     """Add ``cluster`` and its sub-commands to the ``gpufleet`` parser."""
-    lab = subparsers.add_parser(name, help="bare Kubernetes test cluster (root)", description=__doc__)
-    lab.add_argument("--base", help="where lab directories go (default $GPUFLEET_LAB_DIR or /tmp)")
-    sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+    parser = subparsers.add_parser(name, help="bare Kubernetes test cluster (root)", description=__doc__)
+    parser.add_argument("--base", help="where cluster directories go (default $GPUFLEET_LAB_DIR or /tmp)")
+    sub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
 
     add_build_command(sub)
 
-    up = sub.add_parser("up", help="start a lab in the foreground")
+    up = sub.add_parser("up", help="start a test cluster in the foreground")
     build_options(up)
     up.add_argument("--scheduler", action="store_true", help="start kube-scheduler")
     up.add_argument("--extender-config", help="YAML with an extenders section (implies --scheduler)")
@@ -188,14 +189,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], na
         default="containerd",
         help="the nodes' container runtime: containerd through CRI (default), or dockershim (1.20 only)",
     )
-    up.add_argument("--keep", action="store_true", help="keep the lab directory after stopping")
+    up.add_argument("--keep", action="store_true", help="keep the cluster directory after stopping")
     up.set_defaults(func=cmd_up)
 
-    down = sub.add_parser("down", help="stop running labs and remove stale ones")
-    down.add_argument("lab", nargs="?", help="one lab directory (default: all)")
+    down = sub.add_parser("down", help="stop running clusters and remove stale ones")
+    down.add_argument("lab", nargs="?", help="one cluster directory (default: all)")
     down.set_defaults(func=cmd_down)
 
-    status = sub.add_parser("status", help="list labs")
+    status = sub.add_parser("status", help="list test clusters")
     status.set_defaults(func=cmd_status)
 
 

@@ -7,14 +7,14 @@ Kubernetes 1.37 from its Go modules with its etcd 3.7 by default, or (``GPUFLEET
 still what ``gpufleet lab up`` runs) 1.20 from Debian's source with Debian's etcd 3.4. The few flags and
 formats that differ between the two are chosen here by the build's minor version (:func:`legacy`).
 
-Everything lives in one :class:`Lab`: a fresh directory (``/tmp/gpufleet-lab-<id>`` by default), ports
-chosen free at start, and a cleanup stack run by :meth:`Lab.close` (also on ``with`` exit and at
+Everything lives in one :class:`TestCluster`: a fresh directory (``/tmp/gpufleet-lab-<id>`` by default), ports
+chosen free at start, and a cleanup stack run by :meth:`TestCluster.close` (also on ``with`` exit and at
 interpreter exit)::
 
-    with Lab(ensure_k8s()) as lab:
-        cp = lab.start_control_plane()
-        lab.start_scheduler(extenders=[{"urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter"}])
-        node = lab.start_kubelet_node("lab-node")
+    with TestCluster(ensure_k8s()) as cluster:
+        cp = cluster.start_control_plane()
+        cluster.start_scheduler(extenders=[{"urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter"}])
+        node = cluster.start_kubelet_node("lab-node")
         core = cp.core_v1()
 """
 
@@ -42,18 +42,22 @@ from kubernetes import client as k8s
 from gpufleet_harness.cluster import pki
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import KubeletNode, remove_node_leftovers
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_found, http_ok, wait_for
+from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, http_found, http_ok, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
 
 log = logging.getLogger(__name__)
 
+# On-disk and outside names keep "lab", the test cluster's old name: this directory prefix, node.py's cgroups,
+# veths, network lock and image names, the kubeconfig context, and the variables GPUFLEET_LAB_DIR and
+# GPUFLEET_LAB_KEEP. Stale-cluster reaping (reap_stale_clusters, `gpufleet cluster down`) finds what a killed
+# run left behind by these names; renaming them would orphan what an older checkout left.
 LAB_PREFIX = "gpufleet-lab-"
 OWNER_FILE = "owner.json"
 SCHEDULER_API = "kubescheduler.config.k8s.io/v1"  # what kube-scheduler reads from 1.25 on
 SCHEDULER_API_LEGACY = "kubescheduler.config.k8s.io/v1beta1"  # 1.19-1.21
 DEFAULT_SCHEDULER = "default-scheduler"
 FAKE_NODE_BASE = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
-# Paths the node namespace shadows: a lab dir below them would vanish inside the node.
+# Paths the node namespace shadows: a cluster dir below them would vanish inside the node.
 _SHADOWED = (Path("/var"), Path("/run"))
 # 1.24 removed the insecure ports (apiserver, controller-manager, scheduler) and dockershim; everything this
 # harness runs is either 1.20 (Debian's source) or a current release.
@@ -68,7 +72,7 @@ def legacy(artifacts: K8sArtifacts) -> bool:
 
 @dataclass(frozen=True)
 class Credentials:
-    """How one lab user authenticates: a bearer token or a client certificate."""
+    """How one test-cluster user authenticates: a bearer token or a client certificate."""
 
     user: str
     token: str | None = None
@@ -76,21 +80,21 @@ class Credentials:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver (+ kube-controller-manager) on loopback, with token users and a lab CA."""
+    """etcd + kube-apiserver (+ kube-controller-manager) on loopback, with token users and a cluster CA."""
 
     def __init__(
         self,
-        lab: Lab,
+        cluster: TestCluster,
         *,
         controller_manager: bool = True,
         apiserver_args: Sequence[str] = (),
         serving_ips: Sequence[str] = (),
         node_lifecycle: bool = False,
     ) -> None:
-        self.lab = lab
-        self.dir = lab.dir / "control-plane"
+        self.cluster = cluster
+        self.dir = cluster.dir / "control-plane"
         self.pki = self.dir / "pki"
-        self.logs = lab.logs
+        self.logs = cluster.logs
         self.daemons: list[Daemon] = []
         self.etcd_port, self.etcd_peer_port, self.port, self.cm_port = free_ports(4)
         self.url = f"https://127.0.0.1:{self.port}"
@@ -99,12 +103,12 @@ class ControlPlane:
         self._apiserver_args = list(apiserver_args)
         self._with_cm = controller_manager
         # Addresses besides 127.0.0.1 that clients dial (e.g. the gateway containers reach loopback through):
-        # the lab CA then signs the serving certificate and is what clients trust.
+        # the cluster CA then signs the serving certificate and is what clients trust.
         self._serving_ips = list(serving_ips)
         # Off by default: it would taint and evict fake nodes, which never heartbeat. Real kubelets only need
         # it (it lifts the not-ready taint they register with).
         self._node_lifecycle = node_lifecycle
-        self.legacy = legacy(lab.artifacts)
+        self.legacy = legacy(cluster.artifacts)
 
     # -- start / stop -------------------------------------------------------------------------------------
     def start(self) -> ControlPlane:
@@ -147,7 +151,7 @@ class ControlPlane:
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{self.etcd_peer_port}"
         # 1.37: the etcd built with it (3.7.0, what its kubeadm deploys); 1.20: Debian's etcd-server (3.4)
-        etcd_binary: str | Path = self.lab.artifacts.binary("etcd")
+        etcd_binary: str | Path = self.cluster.artifacts.binary("etcd")
         etcd_binary = etcd_binary if Path(etcd_binary).is_file() else "etcd"
         etcd = self._daemon(
             "etcd",
@@ -161,7 +165,7 @@ class ControlPlane:
 
         apiserver = self._daemon(
             "kube-apiserver",
-            [self.lab.artifacts.binary("kube-apiserver"),
+            [self.cluster.artifacts.binary("kube-apiserver"),
              f"--etcd-servers={etcd_url}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
              f"--secure-port={self.port}", *(["--insecure-port=0"] if self.legacy else []),
@@ -199,7 +203,7 @@ class ControlPlane:
         node_lifecycle_name = "nodelifecycle" if self.legacy else "node-lifecycle-controller"
         cm = self._daemon(
             "kube-controller-manager",
-            [self.lab.artifacts.binary("kube-controller-manager"),
+            [self.cluster.artifacts.binary("kube-controller-manager"),
              f"--kubeconfig={kubeconfig}",
              f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
              "--bind-address=127.0.0.1", f"--secure-port={self.cm_port}", "--leader-elect=false",
@@ -266,7 +270,7 @@ class ControlPlane:
         return path
 
     def api_client(self, user: str = "admin", *, token: str | None = None) -> k8s.ApiClient:
-        """A ``kubernetes`` ApiClient for a lab user, or for a bearer ``token`` (e.g. a service account's)."""
+        """A ``kubernetes`` ApiClient for a cluster user, or for a bearer ``token`` (a service account's)."""
         config = k8s.Configuration()
         config.host = self.url
         config.ssl_ca_cert = str(self.ca_file)
@@ -409,12 +413,12 @@ class Scheduler:
             extenders, kubeconfig=kubeconfig, health_port=self.health_port, scheduler_name=scheduler_name
         )
         tag = f"{scheduler_name}-{self.secure_port}"
-        self.config_path = control_plane.lab.dir / "schedulers" / f"{tag}.yaml"
+        self.config_path = control_plane.cluster.dir / "schedulers" / f"{tag}.yaml"
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
         self.log_path = control_plane.logs / f"kube-scheduler-{tag}.log"
         self._argv: list[str | os.PathLike[str]] = [
-            control_plane.lab.artifacts.binary("kube-scheduler"),
+            control_plane.cluster.artifacts.binary("kube-scheduler"),
             f"--config={self.config_path}",
             "--bind-address=127.0.0.1", f"--secure-port={self.secure_port}",
             *(["--port=0"] if control_plane.legacy else []),
@@ -437,8 +441,10 @@ class Scheduler:
             self.daemon = None
 
 
-class Lab:
-    """One lab directory and every process, namespace, interface and cgroup started in it."""
+class TestCluster:
+    """One test cluster: its directory and every process, namespace, interface and cgroup started in it."""
+
+    __test__ = False  # a harness class, not a test class, though its name starts with Test (pytest)
 
     def __init__(
         self,
@@ -449,11 +455,11 @@ class Lab:
     ) -> None:
         base = Path(base_dir or os.environ.get("GPUFLEET_LAB_DIR") or tempfile.gettempdir()).resolve()
         if any(base == p or p in base.parents for p in _SHADOWED):
-            raise LabError(
-                f"lab base {base} is under {' or '.join(map(str, _SHADOWED))}, hidden inside nodes"
+            raise ClusterError(
+                f"cluster base {base} is under {' or '.join(map(str, _SHADOWED))}, hidden inside nodes"
             )
         base.mkdir(parents=True, exist_ok=True)
-        reap_stale_labs(base)
+        reap_stale_clusters(base)
         self.artifacts = artifacts
         self.dir = Path(tempfile.mkdtemp(prefix=LAB_PREFIX, dir=base))
         self.id = self.dir.name.removeprefix(LAB_PREFIX)
@@ -467,9 +473,9 @@ class Lab:
             json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())})
         )
         atexit.register(self.close)
-        log.info("lab %s in %s", self.id, self.dir)
+        log.info("test cluster %s in %s", self.id, self.dir)
 
-    def __enter__(self) -> Lab:
+    def __enter__(self) -> TestCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -485,7 +491,7 @@ class Lab:
     ) -> ControlPlane:
         """etcd + kube-apiserver (+ controller-manager with ``nodelifecycle`` off), stopped on close."""
         if self.control_plane is not None:
-            raise LabError("this lab already has a control plane")
+            raise ClusterError("this cluster already has a control plane")
         cp = ControlPlane(
             self,
             controller_manager=controller_manager,
@@ -522,17 +528,17 @@ class Lab:
 
     def _require_cp(self) -> ControlPlane:
         if self.control_plane is None:
-            raise LabError("start the control plane first")
+            raise ClusterError("start the control plane first")
         return self.control_plane
 
     def close(self) -> None:
-        """Stop everything in reverse order and remove the lab directory (unless ``keep``)."""
+        """Stop everything in reverse order and remove the cluster directory (unless ``keep``)."""
         atexit.unregister(self.close)
         try:
             self._cleanup.close()
         finally:
             if self.keep:
-                log.info("lab %s kept in %s", self.id, self.dir)
+                log.info("test cluster %s kept in %s", self.id, self.dir)
             else:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -545,21 +551,21 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def reap_stale_labs(base: Path) -> list[Path]:
-    """Remove lab directories (and their cgroups and veths) whose owning process is gone."""
+def reap_stale_clusters(base: Path) -> list[Path]:
+    """Remove test-cluster directories (and their cgroups and veths) whose owning process is gone."""
 
     removed = []
-    for lab_dir in base.glob(f"{LAB_PREFIX}*"):
+    for cluster_dir in base.glob(f"{LAB_PREFIX}*"):
         try:
-            owner = json.loads((lab_dir / OWNER_FILE).read_text())
+            owner = json.loads((cluster_dir / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
         if owner.get("start") and _start_time(int(owner["pid"])) == owner["start"]:
             continue
-        log.warning("removing stale lab %s (owner pid %s is gone)", lab_dir, owner.get("pid"))
-        remove_node_leftovers(lab_dir.name.removeprefix(LAB_PREFIX))
-        shutil.rmtree(lab_dir, ignore_errors=True)
-        removed.append(lab_dir)
+        log.warning("removing stale test cluster %s (owner pid %s is gone)", cluster_dir, owner.get("pid"))
+        remove_node_leftovers(cluster_dir.name.removeprefix(LAB_PREFIX))
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+        removed.append(cluster_dir)
     return removed
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
 KUBERNETES_MODULE = "k8s.io/kubernetes"
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"  # its root package is etcd's main (server/main.go)
-# What the lab runs, from k8s.io/kubernetes/cmd/<name>; kubectl comes from the same release, so its skew is 0.
+# What the test cluster and the lab run, from k8s.io/kubernetes/cmd/<name>; kubectl comes from the same
+# release, so its skew is 0.
 KUBERNETES_COMMANDS = (
     "kube-apiserver",
     "kube-controller-manager",
@@ -87,8 +88,8 @@ def is_module_version(version: str) -> bool:
 
 
 def go_env(cache: Path) -> dict[str, str]:
-    """The environment every Go build of the lab shares: one module cache and one build cache under the
-    lab's cache root, the toolchain on PATH (never a download: ``GOTOOLCHAIN=local``)."""
+    """The environment every Go build of the harness shares: one module cache and one build cache under the
+    harness's cache root, the toolchain on PATH (never a download: ``GOTOOLCHAIN=local``)."""
     env = dict(os.environ)
     env.update(
         GOCACHE=str(cache / "go-build"),

@@ -1,6 +1,7 @@
-"""The gpufleet container image for the lab: Debian minbase + python3 + gpufleet and its runtime deps.
+"""The gpufleet container image for the test cluster and the lab: Debian minbase + python3 + gpufleet and
+its runtime deps.
 
-The lab has no registry, so images are tarballs imported into a node's container runtime. One image
+Neither has a registry, so images are tarballs imported into a node's container runtime. One image
 serves every in-cluster piece the Ansible modules deploy and the validation suites run:
 
 - ``ENTRYPOINT python3 -m gpufleet.deviceplugin``: the device plugin DaemonSet (args ``--config ...``);
@@ -50,7 +51,7 @@ from typing import TYPE_CHECKING
 import gpufleet
 import gpufleet_harness
 from gpufleet_harness.cluster.k8s_build import cache_root
-from gpufleet_harness.cluster.process import LabError, file_lock
+from gpufleet_harness.cluster.process import ClusterError, file_lock
 from gpufleet_harness.testhosts.images import apt_mirror
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def runtime_distributions(roots: Iterable[str] = RUNTIME_REQUIREMENTS) -> list[m
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            raise LabError(f"lab image: {name} is not installed in {sys.prefix}") from None
+            raise ClusterError(f"lab image: {name} is not installed in {sys.prefix}") from None
         found[name] = dist
         for text in dist.requires or []:
             req = Requirement(text)
@@ -220,7 +221,7 @@ class LabImage:
 def _build_base(spec: ImageSpec, out: Path) -> None:
     """debootstrap minbase + the packages, trimmed, as an uncompressed tarball at ``out``."""
     if not shutil.which("debootstrap"):
-        raise LabError("lab image: debootstrap is missing (apt-get install debootstrap)")
+        raise ClusterError("lab image: debootstrap is missing (apt-get install debootstrap)")
     with tempfile.TemporaryDirectory(prefix="gpufleet-image-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         proc = subprocess.run(
@@ -238,7 +239,7 @@ def _build_base(spec: ImageSpec, out: Path) -> None:
         )
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise LabError(f"lab image: debootstrap {spec.suite} failed: {' | '.join(tail)}")
+            raise ClusterError(f"lab image: debootstrap {spec.suite} failed: {' | '.join(tail)}")
         for rel in _TRIM:
             shutil.rmtree(rootfs / rel, ignore_errors=True)
         (rootfs / "etc" / "machine-id").write_text("")
@@ -255,7 +256,7 @@ def _python_version(base_tar: Path) -> str:
             match = re.fullmatch(r"\./usr/lib/python(3\.\d+)/os\.py", member.name)
             if match:
                 return match.group(1)
-    raise LabError(f"lab image: no python3 standard library in {base_tar}")
+    raise ClusterError(f"lab image: no python3 standard library in {base_tar}")
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -336,7 +337,7 @@ def ensure_lab_image(spec: ImageSpec | None = None, *, build: bool = True) -> La
         if manifest.exists():
             return LabImage(key, entry / "image.tar", json.loads(manifest.read_text())["timings"])
         if not build:
-            raise LabError(
+            raise ClusterError(
                 f"lab image {key} is not built (run gpufleet_harness.cluster.images.ensure_lab_image())"
             )
         timings: dict[str, float] = {}
@@ -348,7 +349,7 @@ def ensure_lab_image(spec: ImageSpec | None = None, *, build: bool = True) -> La
                 timings["debootstrap"] = round(time.monotonic() - started, 1)
         have, want = _python_version(base), f"{sys.version_info.major}.{sys.version_info.minor}"
         if have != want:
-            raise LabError(
+            raise ClusterError(
                 f"lab image: {spec.suite}'s python3 is {have} but the packages come from Python {want}"
             )
         step = time.monotonic()

@@ -1,6 +1,6 @@
 """Build Kubernetes 1.20 from Debian's ``kubernetes`` source package into a version-keyed cache.
 
-The lab needs kube-apiserver, kube-scheduler, kube-controller-manager, kubelet (CRI, or its built-in
+The test cluster needs kube-apiserver, kube-scheduler, kube-controller-manager, kubelet (CRI, or its built-in
 dockershim) and kubectl, plus the root filesystems of two images (pause, busybox) because the build
 machines reach no container registry. Debian ships the 1.20 source with a full ``vendor/`` tree but only
 the client as a binary package, so the servers are compiled here, once per source version::

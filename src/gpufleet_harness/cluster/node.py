@@ -2,7 +2,7 @@
 isolated from the host. With the 1.20 build the kubelet takes flags instead of a KubeletConfiguration file,
 and can run on dockerd 20.10 through its dockershim (``runtime="docker"``; removed from the kubelet in 1.24).
 
-Layout (host view, ``<node>`` = ``<lab dir>/nodes/<node name>``)::
+Layout (host view, ``<node>`` = ``<cluster dir>/nodes/<node name>``)::
 
     <node>/var, <node>/run    /var and /run inside the node's mount namespace
     <node>/bin/oci-runtime    the runtime's runc: runc with negative oom_score_adj clamped
@@ -22,6 +22,8 @@ runtime's namespace, addressed from a documentation /30 (RFC 5737) that overlaps
 containerd's streaming server (exec, attach, port-forward) listens on the peer address, where the kubelet
 reaches it. The pair disappears with the runtime's namespace; stop() removes it anyway, and the cgroups the
 pods got under ``/gpufleet-lab-<id>-<n>`` (the kubelet's ``--cgroup-root``, dockerd's ``--cgroup-parent``).
+On-disk and kernel names (cgroups, veths, the network lock, image names) keep "lab", the test cluster's old
+name: stale-cluster reaping finds them by it (``cluster.LAB_PREFIX``).
 """
 
 from __future__ import annotations
@@ -39,27 +41,25 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client as k8s
 
 from gpufleet.imageref import qualified
-from gpufleet_harness.cluster import cri, oci_runtime
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, http_ok, run, wait_for
+from gpufleet_harness.cluster import cri, oci_runtime, pki
+from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, http_ok, run, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
-
-if TYPE_CHECKING:
-    from gpufleet_harness.cluster.cluster import ControlPlane, Lab
 
 log = logging.getLogger(__name__)
 
 PAUSE_IMAGE = "gpufleet-lab/pause:1"
 BUSYBOX_IMAGE = "gpufleet-lab/busybox:1"
-KUBELET_PORT = 10250  # on the node's own IP, so it cannot collide with another lab
+KUBELET_PORT = 10250  # on the node's own IP, so it cannot collide with another cluster
 # RFC 5737 documentation networks: never routed, so a /30 from them is safe to put on a local veth.
 NODE_NETWORKS = ("198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24")
-# Serialises "pick a free /30 and put it on a veth" between labs on one machine. An abstract unix
+# Serialises "pick a free /30 and put it on a veth" between test clusters on one machine. An abstract unix
 # socket name: no file to leave behind, released by the kernel if its holder dies.
 _NET_LOCK = b"\0gpufleet-lab-node-network"
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -70,23 +70,58 @@ KUBELET_CONFIG_API = "kubelet.config.k8s.io/v1beta1"
 CNI_CONF_DIR = "/var/lib/gpufleet-node/cni"  # inside the node: the machine's /etc/cni stays untouched
 
 
-def cgroup_parent(lab_id: str, index: int) -> str:
+def cgroup_parent(cluster_id: str, index: int) -> str:
     """The cgroup (under every controller) that holds one node's containers."""
-    return f"gpufleet-lab-{lab_id}-{index}"
+    return f"gpufleet-lab-{cluster_id}-{index}"
 
 
-def veth_names(lab_id: str, index: int) -> tuple[str, str]:
-    """Host and peer interface names for node ``index`` of lab ``lab_id`` (IFNAMSIZ: <= 15 characters)."""
-    return f"gl{lab_id}{index}h", f"gl{lab_id}{index}n"
+def veth_names(cluster_id: str, index: int) -> tuple[str, str]:
+    """Host and peer interface names for node ``index`` of cluster ``cluster_id`` (IFNAMSIZ: <= 15 chars)."""
+    return f"gl{cluster_id}{index}h", f"gl{cluster_id}{index}n"
+
+
+class NodeCluster(Protocol):
+    """What a node uses of the test cluster it belongs to (``cluster.TestCluster`` has it). A protocol, so
+    this module needs nothing from ``cluster.py``, which starts nodes: no import loop, not even for type
+    checking (tests/architecture/test_import_cycles.py)."""
+
+    @property
+    def artifacts(self) -> K8sArtifacts: ...
+    @property
+    def dir(self) -> Path: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def logs(self) -> Path: ...
+
+
+class NodeUser(Protocol):
+    """A control-plane user as a node sees it (``cluster.Credentials``): its name."""
+
+    @property
+    def user(self) -> str: ...
+
+
+class NodeControlPlane(Protocol):
+    """What a node uses of its control plane (``cluster.ControlPlane``): the minor-version switch, the CA
+    that signs the apiserver's client certificate, the kubelet's credentials and kubeconfig, an API client."""
+
+    @property
+    def legacy(self) -> bool: ...
+    @property
+    def ca(self) -> pki.KeyPair: ...
+    def node_credentials(self, node_name: str) -> NodeUser: ...
+    def kubeconfig(self, user: str = "admin") -> Path: ...
+    def core_v1(self, user: str = "admin") -> k8s.CoreV1Api: ...
 
 
 class KubeletNode:
-    """A container runtime + kubelet registered as ``name`` with the lab's control plane."""
+    """A container runtime + kubelet registered as ``name`` with the test cluster's control plane."""
 
     def __init__(
         self,
-        lab: Lab,
-        control_plane: ControlPlane,
+        cluster: NodeCluster,
+        control_plane: NodeControlPlane,
         name: str,
         *,
         index: int = 0,
@@ -94,24 +129,25 @@ class KubeletNode:
         runtime: str = "containerd",
     ) -> None:
         if runtime not in RUNTIMES:
-            raise LabError(f"node {name}: runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+            raise ClusterError(f"node {name}: runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
         if runtime == "docker" and not control_plane.legacy:
-            raise LabError(
+            raise ClusterError(
                 f"node {name}: runtime 'docker' is the kubelet's dockershim, removed in Kubernetes 1.24;"
-                f" this lab runs {lab.artifacts.git_version}: use containerd (or GPUFLEET_K8S_VERSION=1.20)"
+                f" this cluster runs {cluster.artifacts.git_version}:"
+                " use containerd (or GPUFLEET_K8S_VERSION=1.20)"
             )
         self.runtime = runtime
-        self.lab = lab
+        self.cluster = cluster
         self.control_plane = control_plane
         self.name = name
         self.index = index
         self.labels = dict(labels or {})
-        self.dir = lab.dir / "nodes" / name
+        self.dir = cluster.dir / "nodes" / name
         self.var = self.dir / "var"
         self.run_dir = self.dir / "run"
-        self.logs = lab.logs
-        self.cgroup = cgroup_parent(lab.id, index)
-        self.veth_host, self.veth_peer = veth_names(lab.id, index)
+        self.logs = cluster.logs
+        self.cgroup = cgroup_parent(cluster.id, index)
+        self.veth_host, self.veth_peer = veth_names(cluster.id, index)
         self.node_ip: str | None = None
         self.peer_ip: str | None = None
         self.init: Daemon | None = None
@@ -123,7 +159,9 @@ class KubeletNode:
         self.healthz_port = free_ports(1)[0]
         longest = self.device_plugin_dir / "kubelet.sock"
         if len(str(longest)) > _SOCKET_PATH_MAX:
-            raise LabError(f"{longest} is longer than a unix socket path may be; use a shorter lab dir/name")
+            raise ClusterError(
+                f"{longest} is longer than a unix socket path may be; use a shorter cluster dir/name"
+            )
 
     # -- paths another test needs --------------------------------------------------------------------------
     @property
@@ -165,7 +203,7 @@ class KubeletNode:
         bindir = self.dir / "bin"
         bindir.mkdir()
         # The cache may live under /var, which the node namespace replaces: give the node its own copy.
-        kubelet = self.lab.artifacts.binary("kubelet")
+        kubelet = self.cluster.artifacts.binary("kubelet")
         try:
             os.link(kubelet, bindir / "kubelet")
         except OSError:
@@ -195,7 +233,7 @@ class KubeletNode:
     def nsenter(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
         """``argv`` prefixed to run inside the node's mount and PID namespaces (host network)."""
         if self.init_pid is None:
-            raise LabError(f"node {self.name} has no namespace yet")
+            raise ClusterError(f"node {self.name} has no namespace yet")
         return ["nsenter", f"--target={self.init_pid}", "--mount", "--pid", "--wd=/", "--", *map(str, argv)]
 
     def spawn(
@@ -269,7 +307,7 @@ class KubeletNode:
         the namespace, and a veth moved to it then would land in this process's namespace instead."""
         daemon = self.runtime_daemon
         if daemon is None:
-            raise LabError(f"node {self.name} has no container runtime yet")
+            raise ClusterError(f"node {self.name} has no container runtime yet")
         here = os.stat("/proc/self/ns/net").st_ino
 
         def unshared() -> int | None:
@@ -306,7 +344,7 @@ class KubeletNode:
             return qualified(image) in self.ctr("images", "ls", "-q").split()
         try:
             self.docker("image", "inspect", image)
-        except LabError:
+        except ClusterError:
             return False
         return True
 
@@ -319,10 +357,10 @@ class KubeletNode:
         rc, said = cri.stream_import(self._ctr_argv("--namespace", "k8s.io", "images", "import", "-"), image,
                                      rootfs, changes)  # fmt: skip
         if rc != 0:
-            raise LabError(f"node {self.name}: ctr images import of {image} exited {rc}: {said}")
+            raise ClusterError(f"node {self.name}: ctr images import of {image} exited {rc}: {said}")
 
     def _import_images(self) -> None:
-        artifacts = self.lab.artifacts
+        artifacts = self.cluster.artifacts
         self.load_image(PAUSE_IMAGE, artifacts.image("pause"), ["-c", 'ENTRYPOINT ["/pause"]'])
         self.load_image(BUSYBOX_IMAGE, artifacts.image("busybox"), ["-c", 'CMD ["/bin/sh"]'])
 
@@ -333,7 +371,7 @@ class KubeletNode:
             ids = self.docker("ps", "-aq").split()
             if ids:
                 self.docker("rm", "-f", *ids)
-        except LabError as err:
+        except ClusterError as err:
             log.warning("could not remove containers of node %s: %s", self.name, err)
 
     def _start_kubelet(self, *, remove_stale_sockets: bool = True) -> None:
@@ -383,7 +421,7 @@ class KubeletNode:
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": self.healthz_port,
-            # only the apiserver (client certificate from the lab CA) may use the kubelet API
+            # only the apiserver (client certificate from the cluster CA) may use the kubelet API
             "authentication": {
                 "x509": {"clientCAFile": str(self.control_plane.ca.cert)},
                 "anonymous": {"enabled": False},
@@ -409,7 +447,7 @@ class KubeletNode:
             "--cgroup-driver=cgroupfs", "--make-iptables-util-chains=false", "--oom-score-adj=0",
             f"--address={self.node_ip}", f"--port={KUBELET_PORT}", "--read-only-port=0",
             "--healthz-bind-address=127.0.0.1", f"--healthz-port={self.healthz_port}",
-            # only the apiserver (client certificate from the lab CA) may use the kubelet API
+            # only the apiserver (client certificate from the cluster CA) may use the kubelet API
             f"--client-ca-file={cp.ca.cert}", "--anonymous-auth=false",
             "--authentication-token-webhook=false", "--authorization-mode=AlwaysAllow",
             # keep the default under /usr/libexec off the host
@@ -459,7 +497,7 @@ class KubeletNode:
         Ready.
         """
         if self.kubelet is None:
-            raise LabError(f"node {self.name} has no kubelet to restart")
+            raise ClusterError(f"node {self.name} has no kubelet to restart")
         before = _identity(self.kubelet_socket)
         self.kubelet.stop()
         self._start_kubelet(remove_stale_sockets=False)
@@ -494,15 +532,16 @@ class KubeletNode:
                     self.init.proc.wait(15)
             self.init.stop()
         self.init = self.init_pid = None
-        remove_node_leftovers(self.lab.id, self.index)
+        remove_node_leftovers(self.cluster.id, self.index)
 
 
-def remove_node_leftovers(lab_id: str, index: int | None = None) -> None:
-    """Delete the veth pair and cgroups of node ``index`` (every node if None) of lab ``lab_id``."""
-    host, _ = veth_names(lab_id, index) if index is not None else (f"gl{lab_id}*h", "")
+def remove_node_leftovers(cluster_id: str, index: int | None = None) -> None:
+    """Delete the veth pair and cgroups of node ``index`` (every node if None) of cluster ``cluster_id``."""
+    host, _ = veth_names(cluster_id, index) if index is not None else (f"gl{cluster_id}*h", "")
     for link in Path("/sys/class/net").glob(host):
         run(["ip", "link", "del", link.name])
-    parent = cgroup_parent(lab_id, index) if index is not None else cgroup_parent(lab_id, 0)[:-1] + "*"
+    every = cgroup_parent(cluster_id, 0)[:-1] + "*"
+    parent = cgroup_parent(cluster_id, index) if index is not None else every
     for top in _CGROUP_ROOT.glob(f"*/{parent}"):
         _remove_cgroup_tree(top)
 
@@ -518,7 +557,7 @@ def _remove_cgroup_tree(top: Path, timeout: float = 10.0) -> None:
             top.rmdir()
         except OSError as err:
             if time.monotonic() > deadline:
-                raise LabError(f"cannot remove cgroup {top}: {err}") from err
+                raise ClusterError(f"cannot remove cgroup {top}: {err}") from err
             time.sleep(0.2)
 
 
@@ -578,7 +617,7 @@ def pick_node_network() -> ipaddress.IPv4Network:
         for candidate in ipaddress.IPv4Network(block).subnets(new_prefix=30):
             if not any(candidate.overlaps(net) for net in taken):
                 return candidate
-    raise LabError(f"every /30 in {', '.join(NODE_NETWORKS)} overlaps a network of this machine")
+    raise ClusterError(f"every /30 in {', '.join(NODE_NETWORKS)} overlaps a network of this machine")
 
 
 @contextlib.contextmanager
@@ -593,7 +632,9 @@ def _network_lock(timeout: float = 60.0) -> Iterator[None]:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise LabError("another lab holds the node-network lock for too long") from None
+                    raise ClusterError(
+                        "another test cluster holds the node-network lock for too long"
+                    ) from None
                 time.sleep(0.05)
         yield
     finally:

@@ -1,11 +1,11 @@
-"""PID 1 of a lab node's private mount + PID namespace (started by :mod:`gpufleet_harness.cluster.node`
-via unshare).
+"""PID 1 of a test-cluster node's private mount + PID namespace (started by
+:mod:`gpufleet_harness.cluster.node` via unshare).
 
 It shadows host paths for everything that later joins the namespace with ``nsenter``:
 
 * ``/var`` and ``/run`` become the node's own directories, so the kubelet's compile-time paths
   (``/var/lib/kubelet/device-plugins/kubelet.sock``, ``/run/containerd/containerd.sock``) and the runtime's
-  state stay inside the lab directory;
+  state stay inside the cluster directory;
 * files bind-mounted over ``vm.overcommit_memory``, ``kernel.panic`` and ``kernel.panic_on_oops`` absorb
   the kubelet's writes, so the host's sysctls stay as they are.
 

@@ -1,4 +1,5 @@
-"""OCI runtime wrapper for the labs' containerd and dockerd: clamp a negative ``oom_score_adj``, exec runc.
+"""OCI runtime wrapper for the test clusters' and the lab's runtimes: clamp a negative ``oom_score_adj``,
+exec runc.
 
 The build machines lack CAP_SYS_RESOURCE, so runc cannot apply the -998/-997 that dockershim requests for
 sandboxes and Guaranteed pods (it fails with ``can't get final child's PID from pipe: EOF``). This file

@@ -1,8 +1,9 @@
-"""Keys and certificates for one lab, made with the ``openssl`` command (ECDSA P-256: fast to generate).
+"""Keys and certificates for one test cluster, made with the ``openssl`` command (ECDSA P-256: fast to
+generate).
 
-The lab CA signs client certificates: one per kubelet node (``CN=system:node:<name>, O=system:nodes``,
+The cluster CA signs client certificates: one per kubelet node (``CN=system:node:<name>, O=system:nodes``,
 what the Node authorizer expects) and one the apiserver presents to kubelets. The apiserver's own
-serving certificate is the self-signed one it writes into ``--cert-dir``, unless the lab needs it to name
+serving certificate is the self-signed one it writes into ``--cert-dir``, unless the cluster needs it to name
 more addresses (kubelets in containers dial it through a gateway): then the CA signs one
 (:func:`serving_certificate`).
 """
@@ -42,7 +43,7 @@ def service_account_keys(directory: Path) -> tuple[Path, Path]:
 
 
 def certificate_authority(directory: Path, name: str = "gpufleet-lab-ca") -> KeyPair:
-    """A self-signed CA for the lab's client certificates."""
+    """A self-signed CA for the cluster's client certificates."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = KeyPair(directory / "ca.crt", directory / "ca.key")
     _new_key(ca.key)

@@ -1,4 +1,5 @@
-"""Daemons the lab starts: spawn with a log file, wait until healthy, stop for sure.
+"""Daemons the test cluster (and the rest of the harness) starts: spawn with a log file, wait until healthy,
+stop for sure.
 
 Every daemon is started in its own session (so a stop reaches helpers it forked, such as the real
 process behind ``nsenter``) and with ``PR_SET_PDEATHSIG``, so a test run that is killed outright does
@@ -30,8 +31,9 @@ T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
 
 
-class LabError(RuntimeError):
-    """A lab component failed to start or to become healthy; the message points at its log."""
+class ClusterError(RuntimeError):
+    """A test-cluster (or other harness) component failed to start or to become healthy; the message points
+    at its log."""
 
 
 def _die_with_parent() -> None:
@@ -81,9 +83,9 @@ class Daemon:
         return self.proc.poll() is None
 
     def check(self) -> None:
-        """Raise :class:`LabError` with the log tail if the process has exited."""
+        """Raise :class:`ClusterError` with the log tail if the process has exited."""
         if self.proc.poll() is not None:
-            raise LabError(
+            raise ClusterError(
                 f"{self.name} exited with {self.proc.returncode}; log {self.log_path}:\n{self.tail()}"
             )
 
@@ -149,7 +151,7 @@ def wait_for(
         if alive is not None:
             alive()
         if time.monotonic() > deadline:
-            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
 
 
@@ -198,11 +200,11 @@ def http_found(url: str, *, token: str | None = None, ca_file: Path | None = Non
 
 
 def run(argv: Sequence[str | os.PathLike[str]], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """Run a short command, raising :class:`LabError` with its output when it fails."""
+    """Run a short command, raising :class:`ClusterError` with its output when it fails."""
     args = [str(a) for a in argv]
     proc = subprocess.run(args, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload]
     if proc.returncode != 0:
-        raise LabError(
+        raise ClusterError(
             f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
         )
     return proc  # type: ignore[no-any-return]

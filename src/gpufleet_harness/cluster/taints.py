@@ -7,7 +7,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from gpufleet_harness.cluster.process import LabError
+from gpufleet_harness.cluster.process import ClusterError
 
 
 def remove_taint(core: k8s.CoreV1Api, node: str, key: str) -> bool:
@@ -33,4 +33,4 @@ def remove_taint(core: k8s.CoreV1Api, node: str, key: str) -> bool:
         except ApiException as err:
             if err.status not in (409, 422):
                 raise
-    raise LabError(f"could not remove taint {key} from node {node}: kept conflicting")
+    raise ClusterError(f"could not remove taint {key} from node {node}: kept conflicting")

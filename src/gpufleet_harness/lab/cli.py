@@ -27,7 +27,7 @@ def _say(quiet: bool) -> Any:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from gpufleet_harness.cluster.k8s_build import BuildError
-    from gpufleet_harness.cluster.process import LabError
+    from gpufleet_harness.cluster.process import ClusterError
 
     from .hostsetup import HostError
     from .lab import LabUpError, up
@@ -35,7 +35,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     spec = _spec(args)
     try:
         state = up(spec, progress=_say(args.json))
-    except (LabUpError, HostError, BuildError, LabError, RuntimeError) as err:
+    except (LabUpError, HostError, BuildError, ClusterError, RuntimeError) as err:
         print(f"error: lab up failed: {err}", file=sys.stderr)
         print("  (what was made is still there for a look; `gpufleet lab down` removes it)", file=sys.stderr)
         return 1

@@ -60,7 +60,7 @@ from gpufleet_harness.cluster import cri, oci_runtime
 from gpufleet_harness.cluster.cri import CNI_CONFLIST, CONTAINERD_SOCKET, stream_import
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
-from gpufleet_harness.cluster.process import LabError, file_lock, free_ports, wait_for
+from gpufleet_harness.cluster.process import ClusterError, file_lock, free_ports, wait_for
 from gpufleet_harness.testhosts.images import INIT_WRAPPER, ImageSpec, apt_mirror, build_image, image_key
 from gpufleet_harness.testhosts.podman import podman
 from gpufleet_harness.testhosts.workspace import state_dir
@@ -356,7 +356,7 @@ class KubeadmCluster:
         the owner labels (the lab labels its own and removes them itself, so nothing is reaped by owner);
         ``workdir`` keeps the admin kubeconfig (default: a temporary directory removed by :meth:`close`)."""
         if not artifacts.kubeadm_images:
-            raise LabError(
+            raise ClusterError(
                 f"the Kubernetes build in {artifacts.root} has no kubeadm images: a kubeadm cluster needs a "
                 "release built from Go modules (gpufleet cluster build --version 1.37.2)"
             )

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gpufleet_harness.cluster.process import Daemon, LabError, wait_for
+from gpufleet_harness.cluster.process import ClusterError, Daemon, wait_for
 from gpufleet_harness.vcsim.build import ensure_vcsim
 
 START_TIMEOUT = 60.0
@@ -159,7 +159,7 @@ class Vcsim:
             ready = wait_for(
                 "vcsim-gpu to print its URL", self._ready, START_TIMEOUT, alive=self._daemon.check
             )
-        except LabError:
+        except ClusterError:
             self.stop()
             raise
         self.url, self.control = ready["url"], ready["control"]
