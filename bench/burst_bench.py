@@ -88,7 +88,7 @@ from gpufleet.handoff import (
 )
 from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster, create_fake_node
 from gpufleet_harness.cluster.k8s_build import K8sArtifacts, cached, ensure_k8s
-from gpufleet_harness.cluster.process import Daemon, LabError, free_ports, wait_for
+from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, wait_for
 
 GPU_MEM = "gpufleet.io/gpu-mem"
 NAMESPACE = "burst"
@@ -533,7 +533,7 @@ def burst(artifacts: K8sArtifacts, args: argparse.Namespace, mode: str, pods: in
                 result.restart |= {"ready_s": ready_s, "first_filter_s": filter_s}
                 print(f"  extender SIGKILLed at {binds} binds, {result.restart['at_s']:.1f} s; ready after "
                       f"{ready_s:.1f} s, first filter after {_s(filter_s)} s", file=sys.stderr)  # fmt: skip
-            except LabError as exc:
+            except ClusterError as exc:
                 print(f"  extender restart failed: {exc}", file=sys.stderr)
             finally:
                 restarted.set()
