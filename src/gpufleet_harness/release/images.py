@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import py_compile
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from gpufleet_harness.cluster.k8s_build import cache_root
 from gpufleet_harness.cluster.process import file_lock
 
 REPO = Path(__file__).resolve().parents[3]
-REVISION = 1  # bump when the steps change in a way the key does not capture
+REVISION = 2  # bump when the steps change in a way the key does not capture
 KEEP = 4  # cached archives kept per service (the newest)
 REGISTRY_NAMESPACE = "docker.io/gpufleet"
 SITE = "/opt/gpufleet/site-packages"
@@ -202,32 +201,50 @@ def ensure_base(timings: dict[str, float]) -> tuple[str, str]:
     return tag, key
 
 
-def _compile(source: Path, dest: Path, arcname: str) -> None:
-    """Hash-based, never re-checked bytecode next to ``dest`` (what the image's python3 looks for)."""
-    cache = dest.parent / "__pycache__" / f"{dest.stem}.{sys.implementation.cache_tag}.pyc"
+# Compiles every module of a build context in one fresh interpreter with a fixed hash seed: marshal writes
+# a frozenset constant (``x in {"a", "b"}``) in its iteration order, which follows string hashes, and marks
+# objects by their reference counts in the compiling process, so bytecode compiled in a long-running process
+# (a test worker, the lab) differed from the same file compiled elsewhere (found by CI: the extender's
+# archive from the cache and a rebuild differed in 7 .pyc files).
+_COMPILE_ALL = """
+import json, py_compile, sys
+for source, cfile, dfile in json.load(sys.stdin):
     try:
-        py_compile.compile(
-            str(source),
-            cfile=str(cache),
-            dfile=arcname,
-            doraise=True,
-            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-        )
+        py_compile.compile(source, cfile=cfile, dfile=dfile, doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     except py_compile.PyCompileError:
-        return  # e.g. Python 2 leftovers in a distribution: never imported
-    cache.chmod(0o644)
+        pass  # e.g. Python 2 leftovers in a distribution: never imported
+"""
+
+
+def _compile_all(jobs: list[tuple[Path, Path, str]]) -> None:
+    """Hash-based, never re-checked bytecode next to each ``dest`` (what the image's python3 looks for):
+    ``jobs`` are (source, dest, name in the image)."""
+    todo = []
+    for source, dest, arcname in jobs:
+        cache = dest.parent / "__pycache__" / f"{dest.stem}.{sys.implementation.cache_tag}.pyc"
+        todo.append((str(source), str(cache), arcname))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONHASHSEED": "0"}
+    subprocess.run(
+        [sys.executable, "-c", _COMPILE_ALL], input=json.dumps(todo), text=True, env=env, check=True
+    )
+    for _, cache, _ in todo:
+        if os.path.exists(cache):
+            os.chmod(cache, 0o644)
 
 
 def make_context(service: Service, context: Path) -> None:
     """``site-packages/`` and ``bin/`` of the service's build context (modes normalised: 0644, 0755)."""
     site = context / "site-packages"
+    jobs: list[tuple[Path, Path, str]] = []
     for source, rel in [*_dist_files(service), *_gpufleet_files()]:
         dest = site / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, dest)
         dest.chmod(0o755 if os.access(source, os.X_OK) and source.suffix != ".py" else 0o644)
         if source.suffix == ".py":
-            _compile(source, dest, f"{SITE}/{rel}")
+            jobs.append((source, dest, f"{SITE}/{rel}"))
+    _compile_all(jobs)
     for directory in [site, *site.rglob("*")]:
         if directory.is_dir():
             directory.chmod(0o755)
