@@ -24,9 +24,9 @@ test: bootstrap
 	$(MAKE) --no-print-directory -j2 -Otarget lint lab-build
 	$(VENV)/pytest -n 3
 
-## The Kubernetes build the tests need: the lab's and the test cluster's, both Debian's 1.20 by default
-## (`gpufleet cluster build` builds the same entry). With GPUFLEET_K8S_VERSION=1.37.2 the cluster tests run on
-## 1.37 built from its Go modules (docs/lab-cluster.md), which this then builds too.
+## The Kubernetes build the tests need: 1.37.2 from its Go modules, one cache entry for the test cluster
+## (`gpufleet cluster build`) and the lab (`gpufleet lab build`); GPUFLEET_K8S_VERSION=1.20 would add
+## Debian's 1.20 for the cluster tests (docs/lab-cluster.md).
 lab-build:
 	$(VENV)/gpufleet cluster build
 	$(VENV)/gpufleet lab build

@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)", re.MULTILINE)
 EXTRA_HOSTS = (
-    HostSpec("dgx-a100-b", "dgx-a100", ("nvswitch",)),
+    # the fabric manager role runs on Debian 12 (its DGX stays there, as the lab's does)
+    HostSpec("dgx-a100-b", "dgx-a100", ("nvswitch",), containerd="1.6"),
     HostSpec("pcie-2x-t4-b", "pcie-2x-t4"),
     # Not node-40-gpus or hgx-h100: their fixtures have Secure Boot on, which host prep rightly refuses.
     HostSpec("esxi-vm-2x-v100-b", "esxi-vm-2x-v100", ("esxi_guests",)),

@@ -1,5 +1,5 @@
-"""Pod start latency in the lab: create → Running for a GPU pod and a plain pod on each lab host, so a
-containerd CRI kubelet and the dockershim one can be set side by side.
+"""Pod start latency in the lab: create → Running for a GPU pod and a plain pod on each lab host, so the
+kubelets on containerd 1.6, 1.7 and 2.1 can be set side by side.
 
     make lab        # or: gpufleet lab up && ansible-playbook -i inventory/lab site.yml
     python bench/pod_start_bench.py [--pods 10] [--hosts dgx-a100,esxi-vm-2x-v100]
@@ -8,10 +8,10 @@ Works on the lab `GPUFLEET_LAB_NAME` / `GPUFLEET_LAB_STATE` name (default: the o
 site.yml converged it. Each pod is bound to its host by `nodeName` (the scheduler and the extender are not
 what is measured), uses the lab's gpufleet image (present on every host, `imagePullPolicy: Never`) and runs
 `sleep`; the GPU kind asks for one `nvidia.com/gpu` and names the host's RuntimeClass where the host keeps
-runc as its default (pcie-2x-t4). Hosts sharing GPU memory advertise no `nvidia.com/gpu`: they get plain
-pods only. Pods run one at a time: created, timed from the create call to the watch event that says
-Running, deleted, and gone before the next starts. The first pod of each row is shown on its own (a cold
-start of the sandbox path); the others give the median, p90 and max.
+runc as its default (pcie-2x-t4, esxi-vm-2x-v100). Hosts sharing GPU memory advertise no `nvidia.com/gpu`:
+they get plain pods only. Pods run one at a time: created, timed from the create call to the watch event
+that says Running, deleted, and gone before the next starts. The first pod of each row is shown on its own
+(a cold start of the sandbox path); the others give the median, p90 and max.
 
 Figures, not assertions. Everything GPU-facing here is the GPU simulator behind the stand-in NVIDIA runtime.
 """
@@ -120,7 +120,8 @@ def _row(core: Any, host: HostSpec, gpu: bool, image: str, pods: int) -> tuple[A
     p90 = rest[min(len(rest) - 1, round(0.9 * (len(rest) - 1)))]
     kind = ("GPU (RuntimeClass nvidia)" if runtime_class else "GPU") if gpu else "plain"
     print(f"  {host.name} {kind}: {', '.join(_ms(t) for t in times)} ms", file=sys.stderr)
-    return (host.name, host.runtime, kind, len(times), times[0], statistics.median(rest), p90, max(rest))
+    runtime = f"{host.runtime} {host.containerd}"
+    return (host.name, runtime, kind, len(times), times[0], statistics.median(rest), p90, max(rest))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no lab {spec.name!r} is up (state {spec.state_dir}): run `make lab` first")
     wanted = [h for h in args.hosts.split(",") if h]
     hosts = [h for h in spec.hosts if not wanted or h.name in wanted]
-    nodes = fleetlab.node_conditions(state["supervisor"]["kubeconfig"])
-    core = client.CoreV1Api(config.new_client_from_config(config_file=state["supervisor"]["kubeconfig"]))
+    nodes = fleetlab.node_conditions(state["kubeconfig"])
+    core = client.CoreV1Api(config.new_client_from_config(config_file=state["kubeconfig"]))
     _namespace(core)
     rows = []
     try:

@@ -28,14 +28,20 @@ def test_readme_first_screen_has_the_two_commands_and_says_make_must_be_there() 
 
 
 def test_readme_says_kubelets_run_on_containerd_cri_as_the_lab_does() -> None:
-    hostsetup = (REPO / "src/gpufleet_harness/lab/hostsetup.py").read_text()
-    assert "--container-runtime=remote" in hostsetup and "containerd" in hostsetup
+    from gpufleet_harness.lab import kubeadm
+    from gpufleet_harness.lab.spec import DEFAULT_HOSTS, K8S_VERSION
+
+    config = kubeadm.KubeadmCluster.kubelet_configuration()
+    assert config["containerRuntimeEndpoint"].endswith("containerd.sock")
+    assert config["cgroupDriver"] == "systemd"
+    assert sorted({h.containerd for h in DEFAULT_HOSTS}) == ["1.6", "1.7", "2.1"]
     readme = _text("README.md")
     never = readme[readme.index("**Never run**") :].split("- **")[0]
-    assert "CRI with a kubelet" not in never
+    assert "CRI with a kubelet" not in never and "under a kubelet" not in never
     real = readme[readme.index("- **Real**") :].split("- **")[1]
-    for claim in ("Debian 13's 550", "580-server", "nvidia_driver_ubuntu_dkms", "containerd 1.6 through CRI"):
-        assert claim in real, claim
+    for claim in ("Debian 13's 550", "580-server", "nvidia_driver_ubuntu_dkms", f"Kubernetes {K8S_VERSION}",
+                  "containerd 1.6, 1.7 and 2.1 through CRI v1"):  # fmt: skip
+        assert claim in " ".join(real.split()), claim
     assert (REPO / "molecule/nvidia_driver_ubuntu_dkms/molecule.yml").is_file()
 
 
@@ -48,7 +54,7 @@ def test_cluster_help_names_the_command_that_stops_it() -> None:
 
 def test_cli_doc_points_at_docs_that_describe_lab_build_and_does_not_provision_inventory_sim() -> None:
     cli = _text("docs/cli.md")
-    assert "`gpufleet lab build` (builds or finds the Kubernetes 1.20 binaries, docs/lab-cluster.md" in cli
+    assert "`gpufleet lab build` (builds or finds the Kubernetes 1.37.2 binaries and images" in cli
     assert "cluster build" in _text("docs/lab-cluster.md")
     assert "inventory/sim -e gpufleet_target=gpu_nodes` runs" not in cli
     sim = yaml.safe_load((REPO / "inventory/sim/hosts.yml").read_text())

@@ -178,7 +178,10 @@ def pki(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     return d
 
 
-def test_https_with_client_ca_requires_a_signed_client_certificate(world, pki) -> None:  # type: ignore[no-untyped-def]
+def test_https_with_client_ca_requires_a_signed_client_certificate(world, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With a client CA, every verb and read-only endpoint needs a client certificate signed by it; only the
+    probes' /healthz and /readyz answer without one (the kubelet's HTTPS probes present none). A certificate
+    from another CA fails the handshake."""
     settings = Settings(
         listen_address="127.0.0.1",
         port=0,
@@ -192,15 +195,31 @@ def test_https_with_client_ca_requires_a_signed_client_certificate(world, pki) -
     assert srv.url == f"https://127.0.0.1:{port}/gpufleet"
     try:
         trusting = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        anonymous = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
+        for path in ("/healthz", "/readyz", "/gpufleet/readyz"):
+            anonymous = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
+            assert request(anonymous, "GET", path)[0] == 200, path
+        for method, path, body in (("POST", "/gpufleet/filter", load_fixture("filter_nodenames.json")),
+                                   ("GET", "/metrics", None), ("GET", "/gpufleet/inspect", None),
+                                   ("GET", "/version", None)):  # fmt: skip
+            anonymous = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
+            status, said = request(anonymous, method, path, body)
+            assert status == 401 and "client certificate" in said["Error"], (path, status, said)
+        # a certificate the client CA did not sign: refused in the handshake
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out", "other.crt",
+                 "-days", "2", "-subj", "/CN=someone-else", cwd=tmp_path)  # fmt: skip
+        foreign = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        foreign.load_cert_chain(str(tmp_path / "other.crt"), str(tmp_path / "other.key"))
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            request(anonymous, "GET", "/healthz")
+            request(
+                http.client.HTTPSConnection("127.0.0.1", port, context=foreign, timeout=10), "GET", "/version"
+            )
         trusting.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
         status, result = request(conn, "POST", "/gpufleet/filter", load_fixture("filter_nodenames.json"))
         assert status == 200 and result["NodeNames"] == ["mixed-0"]
-        # The failed handshake did not take the server down.
+        # The refused clients did not take the server down.
         assert request(conn, "GET", "/healthz")[0] == 200
+        assert request(conn, "GET", "/version")[0] == 200
     finally:
         srv.shutdown()
         srv.server_close()

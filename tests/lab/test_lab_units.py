@@ -16,9 +16,18 @@ import pytest
 import yaml
 
 from gpufleet_harness.cluster import cri as crimod
-from gpufleet_harness.lab import hostsetup
+from gpufleet_harness.lab import hostsetup, kubeadm
 from gpufleet_harness.lab import lab as fleetlab
-from gpufleet_harness.lab.spec import DEFAULT_HOSTS, METRICS_PORT, HostSpec, LabSpec
+from gpufleet_harness.lab.spec import (
+    CONTROL_PLANE,
+    CONTROL_PLANE_CONTAINERD,
+    DEFAULT_HOSTS,
+    EXTENDER_TLS_SECRET,
+    METRICS_PORT,
+    SCHEDULER_TLS_DIR,
+    HostSpec,
+    LabSpec,
+)
 from gpufleet_harness.sim import machine as simmachine
 from gpufleet_harness.sim.miglayout import make_layout
 from gpufleet_harness.testhosts import nvidia_packages
@@ -33,63 +42,66 @@ def test_spec_rejects_bad_names_and_host_sets(tmp_path: Path) -> None:
         LabSpec(hosts=(DEFAULT_HOSTS[0], DEFAULT_HOSTS[0]))
     with pytest.raises(ValueError, match="extender"):
         LabSpec(hosts=(HostSpec("a", "pcie-2x-t4"),))
-    with pytest.raises(ValueError, match="runtime 'crio'"):
-        HostSpec("a", "pcie-2x-t4", runtime="crio")
-    with pytest.raises(ValueError, match="a RuntimeClass needs containerd"):
-        HostSpec("a", "pcie-2x-t4", runtime="docker", runtime_class=True)
+    with pytest.raises(ValueError, match=r"containerd '1\.5'"):
+        HostSpec("a", "pcie-2x-t4", containerd="1.5")
+    with pytest.raises(ValueError, match=r"CDI needs containerd 1\.7"):
+        HostSpec("a", "pcie-2x-t4", containerd="1.6", cdi=True)
+    with pytest.raises(ValueError, match="control plane"):
+        LabSpec(hosts=(HostSpec(CONTROL_PLANE, "dgx-a100", runs_extender=True),))
     spec = LabSpec(name="x1", state_dir=tmp_path)
     assert spec.container(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4"
-    assert spec.volume(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4-docker"
-    assert spec.volumes(DEFAULT_HOSTS[1]) == {"gpufleet-x1-pcie-2x-t4-containerd": "/var/lib/containerd"}
-    assert spec.volumes(DEFAULT_HOSTS[2]) == {"gpufleet-x1-esxi-vm-2x-v100-docker": "/var/lib/docker"}
+    assert spec.containerd_volume(DEFAULT_HOSTS[1]) == "gpufleet-x1-pcie-2x-t4-containerd"
+    assert spec.control_plane_container == "gpufleet-x1-control-plane"
 
 
-def test_default_lab_runs_containerd_with_one_dockershim_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    runtimes = {h.name: h.runtime for h in DEFAULT_HOSTS}
-    assert runtimes == {"dgx-a100": "containerd", "pcie-2x-t4": "containerd", "esxi-vm-2x-v100": "docker"}
-    assert [h.name for h in DEFAULT_HOSTS if h.runtime_class] == ["pcie-2x-t4"]
-    monkeypatch.setenv("GPUFLEET_LAB_RUNTIME", "docker")
-    assert {h.runtime for h in LabSpec.from_env().hosts} == {"docker"}
-    assert not any(h.runtime_class for h in LabSpec.from_env().hosts)  # dockershim: the default runtime only
-    monkeypatch.setenv("GPUFLEET_LAB_RUNTIME", "")
-    assert {h.name: h.runtime for h in LabSpec.from_env().hosts} == runtimes
-
-
-def test_kubelet_unit_per_runtime() -> None:
-    units = {}
-    for runtime, (note, unit_name, flags) in hostsetup.KUBELET_RUNTIME_FLAGS.items():
-        units[runtime] = hostsetup.KUBELET_UNIT.format(
-            version="v1.20.2", pause="gpufleet-lab/pause:1", runtime_note=note, runtime_unit=unit_name,
-            runtime_flags=flags)  # fmt: skip
-    cri = units["containerd"]
-    assert "--container-runtime=remote \\\n" in cri
-    assert f"--container-runtime-endpoint=unix://{crimod.CONTAINERD_SOCKET} \\\n" in cri
-    assert "--runtime-request-timeout=15m" in cri and "Requires=containerd.service" in cri
-    docker = units["docker"]
-    assert "--container-runtime=docker \\\n" in docker and "Requires=docker.service" in docker
-    for unit in units.values():
-        # every continued line ends in a backslash, the last flag does not
-        lines = unit.split("ExecStart=", 1)[1].split("\nRestart=")[0].splitlines()
-        assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\"), lines
-        assert "--pod-infra-container-image=gpufleet-lab/pause:1" in unit
+def test_default_lab_runs_containerd_as_fleets_run_it_now() -> None:
+    """Every kubelet on containerd (CRI v1, systemd cgroups), no dockershim: the DGX on Debian 12's 1.6,
+    the T4 host on trixie's 1.7, the V100 VM on containerd 2.1 through CDI; RuntimeClass on both trixie
+    hosts; each host's driver the one of its Debian release; kubeadm's hosts exist for each containerd."""
+    hosts = {h.name: h for h in DEFAULT_HOSTS}
+    assert {n: (h.runtime, h.containerd, h.debian) for n, h in hosts.items()} == {
+        "dgx-a100": ("containerd", "1.6", "12"),
+        "pcie-2x-t4": ("containerd", "1.7", "13"),
+        "esxi-vm-2x-v100": ("containerd", "2.1", "13"),
+    }
+    assert [n for n, h in hosts.items() if h.runtime_class] == ["pcie-2x-t4", "esxi-vm-2x-v100"]
+    assert [n for n, h in hosts.items() if h.cdi] == ["esxi-vm-2x-v100"]
+    assert hosts["dgx-a100"].driver == ("535", "535.261.03", 12020)
+    assert hosts["pcie-2x-t4"].driver == ("550", "550.163.01", 12040)
+    # the roles' own default driver of Debian 13 is the one the trixie hosts simulate
+    defaults = yaml.safe_load((REPO / "roles/nvidia_driver/vars/Debian.yml").read_text())
+    assert defaults["nvidia_driver_os_defaults"]["13"] == {"branch": "550", "version": "550.163.01"}
+    assert {h.containerd for h in DEFAULT_HOSTS} | {CONTROL_PLANE_CONTAINERD} <= set(kubeadm.CONTAINERD)
+    for h in DEFAULT_HOSTS:
+        suite, _ = kubeadm.CONTAINERD[h.containerd]
+        assert {"bookworm": "12", "trixie": "13"}[suite] == h.debian
 
 
 def test_containerd_config_is_what_cri_needs() -> None:
+    """The installer's containerd configuration of each host's containerd: CRI v1 with systemd cgroups,
+    kubeadm's sandbox image, the CNI directories the lab's bridge conflist is in."""
     import tomllib
 
-    config = tomllib.loads(crimod.containerd_config("gpufleet-lab/pause:1", hostsetup.CONTAINERD_COMMENT))
-    assert config["version"] == 2
-    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
-    assert cri["sandbox_image"] == "gpufleet-lab/pause:1"
-    assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": "/etc/cni/net.d"}
-    runc = cri["containerd"]["runtimes"]["runc"]
-    assert runc["runtime_type"] == "io.containerd.runc.v2"
-    assert runc["options"]["SystemdCgroup"] is False  # the kubelet's --cgroup-driver=cgroupfs
-    assert "disabled_plugins" not in config
+    pause = "registry.k8s.io/pause:3.10.2"
+    for version in ("1.6.20", "1.7.24"):
+        config = tomllib.loads(kubeadm.containerd_config(version, pause))
+        assert config["version"] == 2
+        cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+        assert cri["sandbox_image"] == pause
+        assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": "/etc/cni/net.d"}
+        runc = cri["containerd"]["runtimes"]["runc"]
+        assert runc["runtime_type"] == "io.containerd.runc.v2"
+        assert runc["options"]["SystemdCgroup"] is True  # the kubelet's cgroupDriver: systemd
+        assert "disabled_plugins" not in config
+    config = tomllib.loads(kubeadm.containerd_config("2.1.9", pause))
+    assert config["version"] == 3
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == pause
     conflist = crimod.CNI_CONFLIST
     assert [p["type"] for p in conflist["plugins"]] == ["bridge", "portmap"]
-    assert hostsetup.CNI_CONFLIST_PATH.startswith(cri["cni"]["conf_dir"] + "/")
-    assert hostsetup.CNI_CONFLIST_PATH.endswith(".conflist")
+    assert kubeadm.CNI_CONFLIST_PATH.startswith(runtime["cni"]["conf_dir"] + "/")
+    assert kubeadm.CNI_CONFLIST_PATH.endswith(".conflist")
 
 
 def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path) -> None:
@@ -126,17 +138,25 @@ def test_docker_archive_carries_the_layer_and_the_import_changes(tmp_path: Path)
 
 def _state() -> dict:
     return {
+        "kubeconfig": "/k/admin.conf",
+        "apiserver": {"port": 6443, "url": "https://127.0.0.1:6443"},
         "supervisor": {
-            "kubeconfig": "/k/admin.kubeconfig",
-            "apiserver": {"port": 6443, "url": "https://127.0.0.1:6443"},
             "repo": {"url": "http://10.0.2.2:8080"},
-            "scheduler": {"kubeconfig": "/k/s", "manifest": "/m/kube-scheduler.yaml", "secure_port": 10259},
             "prometheus": {"url": "http://127.0.0.1:9090", "port": 9090},
         },
         "extender": {"host": "dgx-a100", "port": 40000},
         "gpufleet_image": "gpufleet-lab/gpufleet:abc",
         "images_dir": "/s/images",
     }
+
+
+def _hostvars(inventory: Path, host: str) -> dict:
+    """What Ansible makes of the generated hosts.yml together with inventory/lab/group_vars."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--host", host],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    return json.loads(out.stdout)
 
 
 def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_path: Path) -> None:
@@ -150,14 +170,9 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     children = doc["all"]["children"]
     assert sorted(children["gpu_nodes"]["hosts"]) == sorted(h.name for h in DEFAULT_HOSTS)
     assert list(children["nvswitch"]["hosts"]) == ["dgx-a100"]
-    assert list(children["kube_control_plane"]["hosts"]) == ["lab-control-plane"]
-    # What Ansible makes of it together with inventory/lab/group_vars.
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory),
-         "--host", "dgx-a100"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )  # fmt: skip
-    hostvars = json.loads(out.stdout)
+    control_plane = {"lab-control-plane": {"ansible_host": "gpufleet-u1-control-plane"}}
+    assert children["kube_control_plane"]["hosts"] == control_plane
+    hostvars = _hostvars(inventory, "dgx-a100")
     assert hostvars["ansible_host"] == "gpufleet-u1-dgx-a100"
     assert hostvars["ansible_connection"] == "gpufleet.nvidia.podman"
     assert hostvars["gpufleet_lab"]["repo_url"] == "http://10.0.2.2:8080"
@@ -167,18 +182,30 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert "gpufleet_kubernetes_device_plugin_image" not in hostvars
     assert "gpufleet_kubernetes_extender_image" not in hostvars
     # the runtime suite checks the runtime the host's kubelet uses (group_vars/all.yml reads this)
-    assert hostvars["gpufleet_container_runtime"] == "containerd"
-    assert "gpufleet_container_runtime" in hostvars["gpufleet_validation_runtime"]
-    assert children["gpu_nodes"]["hosts"]["esxi-vm-2x-v100"]["gpufleet_container_runtime"] == "docker"
-    # runc stays the default where GPU pods name the RuntimeClass; the toolkit role reads this
     gpu_hosts = children["gpu_nodes"]["hosts"]
+    assert {h["gpufleet_container_runtime"] for h in gpu_hosts.values()} == {"containerd"}
+    assert "gpufleet_container_runtime" in hostvars["gpufleet_validation_runtime"]
+    # the driver of each host's Debian release, which its simulated GPUs report
+    drivers = {n: (h["gpufleet_driver_branch"], h["gpufleet_driver_version"]) for n, h in gpu_hosts.items()}
+    assert drivers == {"dgx-a100": ("535", "535.261.03"), "pcie-2x-t4": ("550", "550.163.01"),
+                       "esxi-vm-2x-v100": ("550", "550.163.01")}  # fmt: skip
+    group_vars = yaml.safe_load((REPO / "inventory/lab/group_vars/all.yml").read_text())
+    assert "gpufleet_driver_version" not in group_vars
+    # runc stays the default where GPU pods name the RuntimeClass; the toolkit role reads this
     assert gpu_hosts["pcie-2x-t4"]["nvidia_container_toolkit_default_runtime"] is False
+    assert gpu_hosts["esxi-vm-2x-v100"]["nvidia_container_toolkit_default_runtime"] is False
     assert "nvidia_container_toolkit_default_runtime" not in gpu_hosts["dgx-a100"]
+    # CDI on the V100 VM: NVIDIA's specification written, containerd's CDI on, the plugin returns CDI names
+    cdi = {n: h.get("nvidia_container_toolkit_cdi_spec") for n, h in gpu_hosts.items()}
+    assert cdi == {"dgx-a100": None, "pcie-2x-t4": None, "esxi-vm-2x-v100": "always"}
+    assert gpu_hosts["esxi-vm-2x-v100"]["nvidia_container_toolkit_containerd_cdi"] == "enabled"
     # each host's mode: a named configuration of the one DaemonSet (group_vars/all.yml has them)
     picks = {name: h.get("gpufleet_device_plugin_config_name") for name, h in gpu_hosts.items()}
-    assert picks == {"dgx-a100": "mig", "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced"}
+    assert picks == {"dgx-a100": "mig", "pcie-2x-t4": "memory", "esxi-vm-2x-v100": "sliced-cdi"}
     named = hostvars["gpufleet_kubernetes_device_plugin_config"]["configs"]["named"]
     assert {p for p in picks.values() if p} <= set(named)
+    assert named["sliced-cdi"]["allocate"] == {"pass_device_specs": False, "cdi": {"enabled": True}}
+    assert named["sliced-cdi"]["sharing"] == named["sliced"]["sharing"]
     # the DGX's MIG layout: playbooks/runtime.yml runs role nvidia_mig there, with a layout of the config
     assert (hostvars["gpufleet_mig_enabled"], hostvars["nvidia_mig_layout"]) == (True, "lab-mixed")
     assert "lab-mixed" in hostvars["nvidia_mig_config"]["mig-configs"]
@@ -188,6 +215,32 @@ def test_inventory_groups_hosts_and_resolves_with_the_committed_group_vars(tmp_p
     assert hostvars["gpufleet_lab"]["prometheus_url"] == "http://127.0.0.1:9090"
     assert "gpufleet_lab.prometheus_url" in hostvars["gpufleet_validation_cluster"]["prometheus"]["url"]
     assert hostvars["gpufleet_kubernetes_device_plugin_config"]["http"]["port"] == METRICS_PORT
+    # kube-scheduler on kubeadm's control plane reaches the extender over HTTPS with a client certificate
+    assert hostvars["gpufleet_kubernetes_extender_tls_secret"] == "{{ gpufleet_lab.extender_tls_secret }}"
+    assert hostvars["gpufleet_lab"]["extender_tls_secret"] == EXTENDER_TLS_SECRET
+    sched = hostvars["gpufleet_kubernetes_scheduler_config"]
+    assert sched["url"].startswith("https://{{ gpufleet_lab.gateway }}:{{ gpufleet_lab.extender_port }}/")
+    assert {k: v.rsplit("/", 1)[1] for k, v in sched.items() if k.endswith("_file")} == {
+        "ca_file": "ca.crt", "cert_file": "scheduler.crt", "key_file": "scheduler.key"}  # fmt: skip
+    scheduler_vars = [k for k in hostvars if k.startswith("gpufleet_kubernetes_scheduler_")]
+    assert scheduler_vars == ["gpufleet_kubernetes_scheduler_config"], "the rest: the role's kubeadm default"
+    cp = _hostvars(inventory, "lab-control-plane")
+    assert cp["ansible_host"] == "gpufleet-u1-control-plane"
+    assert cp["ansible_connection"] == "gpufleet.nvidia.podman"
+    assert cp["gpufleet_lab"]["scheduler_tls_dir"] == SCHEDULER_TLS_DIR
+
+
+def test_sim_root_reports_the_driver_of_the_host_s_debian_release(sim_lib: Path, tmp_path: Path) -> None:
+    """The trixie hosts' GPUs report trixie's 550.163.01 (CUDA 12.4), the same GPUs (UUIDs) as the
+    fixture's; the fixture's own driver otherwise."""
+    _, version, cuda = DEFAULT_HOSTS[1].driver
+    staged = json.loads((hostsetup.stage_sim("pcie-2x-t4", tmp_path / "a", sim_lib, (version, cuda))
+                         / "machine.json").read_text())  # fmt: skip
+    plain = json.loads((hostsetup.stage_sim("pcie-2x-t4", tmp_path / "b", sim_lib) / "machine.json")
+                       .read_text())  # fmt: skip
+    assert (staged["driver_version"], staged["cuda_driver_version"]) == ("550.163.01", 12040)
+    assert plain["driver_version"] == "535.261.03"
+    assert [g["uuid"] for g in staged["gpus"]] == [g["uuid"] for g in plain["gpus"]]
 
 
 @pytest.mark.root

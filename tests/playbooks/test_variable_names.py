@@ -134,8 +134,9 @@ def _lab_inventory(directory: Path) -> Path:
 
     spec = LabSpec(state_dir=directory / "state", inventory_dir=directory)
     state = {
-        "supervisor": {"kubeconfig": "/k", "apiserver": {"port": 6443}, "repo": {"url": "http://127.0.0.1:1"},
-                       "scheduler": {"kubeconfig": "/s", "manifest": "/m", "secure_port": 10259},
+        "kubeconfig": "/k",
+        "apiserver": {"port": 6443},
+        "supervisor": {"repo": {"url": "http://127.0.0.1:1"},
                        "prometheus": {"url": "http://127.0.0.1:9090", "port": 9090}},
         "extender": {"host": "dgx-a100", "port": 8800},
         "gpufleet_image": "gpufleet-lab/gpufleet:test",

@@ -24,6 +24,9 @@ from gpufleet.extender.settings import Settings
 from gpufleet.logs import log_event
 
 VERBS = ("filter", "prioritize", "bind")
+# What answers without a client certificate when a client CA is set: the kubelet's liveness and readiness
+# probes present none (an HTTPS probe only encrypts), and these two say nothing about the cluster.
+OPEN_PATHS = ("/healthz", "/readyz")
 # Idle keep-alive connections are closed after this many seconds.
 CONNECTION_TIMEOUT = 120.0
 
@@ -65,12 +68,15 @@ class ExtenderServer(ThreadingHTTPServer):
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext:
-    """Server TLS context; with a client CA, clients must present a certificate signed by it."""
+    """Server TLS context; with a client CA, a certificate a client presents must be signed by it (else the
+    handshake fails), and every request but GET OPEN_PATHS must come with one (the handler refuses it)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
     if settings.tls_client_ca_file:
-        context.verify_mode = ssl.CERT_REQUIRED
+        # OPTIONAL, not REQUIRED: the kubelet's HTTPS probes present no certificate, and a Deployment whose
+        # probes cannot connect never becomes ready. The handler asks for the certificate instead.
+        context.verify_mode = ssl.CERT_OPTIONAL
         context.load_verify_locations(settings.tls_client_ca_file)
     return context
 
@@ -112,6 +118,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _refused_without_certificate(self) -> bool:
+        """True (after answering 401) when a client CA is set and this connection presented no certificate
+        signed by it; only GET OPEN_PATHS are answered without one."""
+        if not self.server.settings.tls_client_ca_file or not isinstance(self.connection, ssl.SSLSocket):
+            return False
+        if self.connection.getpeercert():
+            return False
+        if self.command == "GET" and (self._path().rstrip("/") or "/") in OPEN_PATHS:
+            return False
+        self.close_connection = True  # a POST body stays unread
+        self._send(
+            HTTPStatus.UNAUTHORIZED, {"Error": "a client certificate signed by the client CA is required"}
+        )
+        return True
 
     def _path(self) -> str:
         path = unquote(urlsplit(self.path).path)
@@ -157,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         verb = self._path().strip("/")
         started = time.perf_counter()
         status = HTTPStatus.OK
+        if self._refused_without_certificate():
+            return
         try:
             body = self._read_body()
             if verb not in VERBS:
@@ -191,6 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self._path().rstrip("/") or "/"
         extender = self.server.extender
+        if self._refused_without_certificate():
+            return
         try:
             if path == "/healthz":
                 self._send(HTTPStatus.OK, {"status": "ok"})

@@ -81,9 +81,26 @@ NVIDIA_SMI_WRAPPER = """#!/bin/sh
 # gpufleet lab image: nvidia-smi is the GPU simulator's stand-in (gpufleet-sim-smi). In place of the
 # NVIDIA container toolkit, which would show a container only its GPUs, pass NVIDIA_VISIBLE_DEVICES
 # (from the device plugin's Allocate) on as -i. `topo` takes no -i; the caller filters the matrix.
+# Under CDI the specification sets NVIDIA_VISIBLE_DEVICES=void and gives the container its GPUs' device
+# nodes (and the driver's libraries through its ldcache hook): as the driver does, the container then sees
+# the GPUs whose /dev/nvidia<minor> it has, and NVML is the simulated machine's library.
 case "${NVIDIA_VISIBLE_DEVICES:-all}" in
   all|"") exec python3 -m gpufleet_harness.sim.smi "$@" ;;
-  none|void) echo "No devices were found"; exit 6 ;;
+  none|void)
+    : "${GPUFLEET_SIM_ROOT:=/etc/gpufleet-sim}"
+    : "${LD_LIBRARY_PATH:=$GPUFLEET_SIM_ROOT/lib}"
+    : "${GPUFLEET_HOST_ROOT:=$GPUFLEET_SIM_ROOT/host}"
+    export GPUFLEET_SIM_ROOT LD_LIBRARY_PATH GPUFLEET_HOST_ROOT
+    NVIDIA_VISIBLE_DEVICES=$(python3 -c 'if True:
+        import glob, json, os
+        minors = {int(p[11:]) for p in glob.glob("/dev/nvidia[0-9]*") if p[11:].isdigit()}
+        try:
+            with open(os.path.join(os.environ["GPUFLEET_SIM_ROOT"], "machine.json")) as fh:
+                gpus = json.load(fh)["gpus"]
+        except (OSError, ValueError, KeyError):
+            gpus = []
+        print(",".join(g["uuid"] for g in gpus if g.get("minor") in minors))' 2>/dev/null)
+    [ -n "$NVIDIA_VISIBLE_DEVICES" ] || { echo "No devices were found"; exit 6; } ;;
 esac
 case "$1" in
   topo) exec python3 -m gpufleet_harness.sim.smi "$@" ;;

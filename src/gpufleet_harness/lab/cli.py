@@ -14,7 +14,7 @@ from typing import Any
 from gpufleet.handoff import MIG_RESOURCE_PREFIX
 from gpufleet_harness.cluster.cli import add_build_command
 
-from .spec import LAB_K8S_VERSION, LabSpec
+from .spec import CONTROL_PLANE, CONTROL_PLANE_CONTAINERD, K8S_VERSION, LabSpec
 
 
 def _spec(args: argparse.Namespace) -> LabSpec:
@@ -69,14 +69,21 @@ def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
 
     doc = doc or status(spec)
     print(f"lab {doc['name']}: {'up' if doc['up'] else 'NOT up'}"
-          f"{'' if doc['supervisor'] else ' (control plane not running)'}")  # fmt: skip
-    print(f"{'host':<18} {'container':<28} {'runtime':<10} {'state':<9} {'node':<9} {'GPUs':>4}  MIG devices")
+          f"{'' if doc['supervisor'] else ' (supervisor not running)'}"
+          f"{' on Kubernetes ' + doc['kubernetes'] if doc.get('kubernetes') else ''}")  # fmt: skip
+    print(f"{'host':<18} {'container':<30} {'runtime':<15} {'state':<9} {'node':<6} {'GPUs':>4}  MIG devices")
+    cp = doc.get("control_plane") or {}
+    if cp:
+        runtime = f"containerd {CONTROL_PLANE_CONTAINERD}"
+        print(f"{CONTROL_PLANE[:18]:<18} {cp['container'][:30]:<30} {runtime:<15} "
+              f"{cp['container_state'][:9]:<9} {'Ready' if cp['node_ready'] else '-':<6} {'-':>4}  "
+              "(kubeadm control plane)")  # fmt: skip
     for name, host in doc["hosts"].items():
         node = "Ready" if host["node_ready"] else "-"
         migs = host.get("allocatable_mig", {})
         mig = ", ".join(f"{n} {r.removeprefix(MIG_RESOURCE_PREFIX)}" for r, n in migs.items())
-        print(f"{name[:18]:<18} {host['container'][:28]:<28} {host.get('runtime', '?')[:10]:<10} "
-              f"{host['container_state'][:9]:<9} {node:<9} {host['allocatable_gpus']:>4}  "
+        print(f"{name[:18]:<18} {host['container'][:30]:<30} {host.get('runtime', '?')[:15]:<15} "
+              f"{host['container_state'][:9]:<9} {node:<6} {host['allocatable_gpus']:>4}  "
               f"{mig or '-'}")  # fmt: skip
     if doc.get("kubeconfig"):
         print(f"KUBECONFIG={doc['kubeconfig']}")
@@ -86,17 +93,22 @@ def _print_status(spec: LabSpec, doc: dict[str, Any] | None = None) -> None:
 
 
 def cmd_build_all(args: argparse.Namespace) -> int:
-    """The Kubernetes build, then (unless --check) the lab's images."""
+    """The Kubernetes build of the lab's release (unless --version names another), then (unless --check)
+    the lab's images: a kubeadm host per containerd it runs, and the gpufleet image."""
     from gpufleet_harness.cluster.cli import cmd_build
 
+    args.version = args.version or K8S_VERSION
     rc = cmd_build(args)
     if rc or args.check or not args.images:
         return rc
     from gpufleet_harness.cluster.images import ensure_lab_image
 
-    from .hostimage import ensure_host_image
+    from .kubeadm import ensure_host_image
+    from .spec import DEFAULT_HOSTS
 
-    print(json.dumps({"host_image": ensure_host_image(), "gpufleet_image": ensure_lab_image().name}))
+    kinds = sorted({CONTROL_PLANE_CONTAINERD, *(h.containerd for h in DEFAULT_HOSTS)})
+    hosts = {f"containerd {kind}": ensure_host_image(kind) for kind in kinds}
+    print(json.dumps({"host_images": hosts, "gpufleet_image": ensure_lab_image().name}))
     return 0
 
 
@@ -104,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lab = subparsers.add_parser("lab", help="the simulated GPU fleet: podman hosts + Kubernetes (root)",
                                 description=__doc__)  # fmt: skip
     sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
-    build = add_build_command(sub, LAB_K8S_VERSION)
+    build = add_build_command(sub, K8S_VERSION)
     build.add_argument("--images", action="store_true", help="also build the lab's host and gpufleet images")
     build.set_defaults(func=cmd_build_all)
     for name, func, text in (

@@ -4,10 +4,10 @@ with systemd cgroups.
 
 What a host is, the way a cluster installer leaves a kubeadm node:
 
-- a Debian trixie test-host image (debootstrap + systemd) plus Debian's ``containerd``, ``runc``, the CNI
+- a Debian test-host image (debootstrap + systemd) plus Debian's ``containerd``, ``runc``, the CNI
   plugins and the tools kubeadm's preflight looks for (:func:`ensure_host_image`): containerd 1.7 is
   trixie's own, containerd 2.1 (with its runc 1.3) sid's package installed on trixie, because sid's
-  systemd 262 refuses to boot on this machine's cgroup v1;
+  systemd 262 refuses to boot on this machine's cgroup v1, containerd 1.6 Debian 12's on a bookworm host;
 - ``/etc/containerd/config.toml`` for CRI v1: ``SystemdCgroup = true``, the sandbox image kubeadm names
   (``registry.k8s.io/pause:<kubeadm's PauseVersion>``), CNI binaries where Debian installs them
   (config version 3 for containerd 2, version 2 for 1.x; key names checked against each version's
@@ -47,6 +47,7 @@ import secrets
 import shlex
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -89,9 +90,13 @@ HOST_PACKAGES = (
     "ca-certificates",
 )
 # containerd minor -> (the host's Debian suite, the suite its containerd and runc come from, or None: its
-# own). Every host is trixie: sid's systemd (262) no longer boots on cgroup v1, which this machine has, so
-# containerd 2.1 is sid's package on a trixie host (trixie has 1.7, its backports none).
-CONTAINERD: dict[str, tuple[str, str | None]] = {"2.1": ("trixie", "sid"), "1.7": ("trixie", None)}
+# own). containerd 2.1 is sid's package on a trixie host: sid's systemd (262) no longer boots on cgroup v1,
+# which this machine has (trixie has 1.7, its backports none). 1.6 is Debian 12's, on a Debian 12 host.
+CONTAINERD: dict[str, tuple[str, str | None]] = {
+    "2.1": ("trixie", "sid"),
+    "1.7": ("trixie", None),
+    "1.6": ("bookworm", None),
+}
 API_PORT = 6443
 POD_SUBNET = "10.244.0.0/16"
 SERVICE_SUBNET = "10.96.0.0/12"
@@ -338,7 +343,18 @@ class KubeadmCluster:
     """A kubeadm control plane in one podman host, and workers that join it. Use as a context manager:
     everything it made is removed on exit, also when bringing it up failed."""
 
-    def __init__(self, artifacts: K8sArtifacts, *, cluster_id: str | None = None) -> None:
+    def __init__(
+        self,
+        artifacts: K8sArtifacts,
+        *,
+        cluster_id: str | None = None,
+        prefix: str | None = None,
+        labels: dict[str, str] | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        """``prefix`` names every container and volume (default ``gpufleet-kadm-<id>``); ``labels`` replace
+        the owner labels (the lab labels its own and removes them itself, so nothing is reaped by owner);
+        ``workdir`` keeps the admin kubeconfig (default: a temporary directory removed by :meth:`close`)."""
         if not artifacts.kubeadm_images:
             raise ClusterError(
                 f"the Kubernetes build in {artifacts.root} has no kubeadm images: a kubeadm cluster needs a "
@@ -346,14 +362,19 @@ class KubeadmCluster:
             )
         self.artifacts = artifacts
         self.id = cluster_id or secrets.token_hex(3)
-        self.prefix = f"gpufleet-kadm-{self.id}"
+        self.prefix = prefix or f"gpufleet-kadm-{self.id}"
         self.owner = _owner()
+        self.owned = labels is None
+        self.labels = {LABEL: self.id, OWNER_LABEL: self.owner} if labels is None else dict(labels)
         self.hosts: list[KubeadmHost] = []
         self.control_plane: KubeadmHost | None = None
         self.port: int | None = None
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        self._own_dir = workdir is None
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-")) if workdir is None else workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.timings: dict[str, float] = {}
         self._join_command: list[str] | None = None
+        self._join_lock = threading.Lock()  # workers may join from several threads (the lab's hosts)
 
     def __enter__(self) -> KubeadmCluster:
         return self
@@ -362,16 +383,24 @@ class KubeadmCluster:
         self.close()
 
     # -- hosts --------------------------------------------------------------------------------------------
-    def _create_host(self, role: str, containerd: str, publish: list[str]) -> KubeadmHost:
+    def _create_host(
+        self,
+        role: str,
+        containerd: str,
+        publish: list[str],
+        *,
+        hostname: str | None = None,
+        restart: bool = False,
+    ) -> KubeadmHost:
         image = ensure_host_image(containerd)
         host = KubeadmHost(
             container=f"{self.prefix}-{role}",
-            hostname=f"kadm-{self.id}-{role}",
+            hostname=hostname or f"kadm-{self.id}-{role}",
             containerd=containerd,
             volume=f"{self.prefix}-{role}-containerd",
         )
         self.hosts.append(host)
-        labels = ["--label", f"{LABEL}={self.id}", "--label", f"{OWNER_LABEL}={self.owner}"]
+        labels = [a for k, v in self.labels.items() for a in ("--label", f"{k}={v}")]
         podman("volume", "create", *labels, host.volume, check=True)
         argv = [
             "run",
@@ -385,6 +414,8 @@ class KubeadmCluster:
             "--privileged",
             "--cgroupns=private",
             "--systemd=always",
+            # a reboot inside ends systemd; podman then starts the host again (the lab's driver rollout)
+            *(["--restart=always"] if restart else []),
             # user-mode network: this machine's loopback is 10.0.2.2 inside; no interface is added here
             "--network=slirp4netns:allow_host_loopback=true",
             # containerd's overlayfs snapshots cannot sit on the container's own overlay root
@@ -408,10 +439,25 @@ class KubeadmCluster:
         )
         return host
 
-    def _prepare_node(self, host: KubeadmHost) -> None:
-        """What the installer does before kubeadm: runtime, CNI, glue, binaries, images."""
+    @property
+    def pause_image(self) -> str:
+        """The sandbox image kubeadm names (``registry.k8s.io/pause:<kubeadm's PauseVersion>``)."""
+        return next(n for n in self.artifacts.kubeadm_images if n.rsplit("/", 1)[-1].startswith("pause:"))
+
+    def worker_images(self) -> dict[str, tuple[Path, list[str]]]:
+        """What a worker needs without a registry: the sandbox image and busybox."""
+        return {
+            self.pause_image: self.artifacts.kubeadm_images[self.pause_image],
+            BUSYBOX_IMAGE: (self.artifacts.image("busybox"), ["-c", 'CMD ["/bin/sh"]']),
+        }
+
+    def _prepare_node(
+        self, host: KubeadmHost, images: dict[str, tuple[Path, list[str]]] | None = None
+    ) -> None:
+        """What the installer does before kubeadm: runtime, CNI, glue, binaries, images (``images``: name ->
+        root filesystem and image changes; default every kubeadm image and busybox)."""
         name = host.container
-        pause = next(n for n in self.artifacts.kubeadm_images if n.rsplit("/", 1)[-1].startswith("pause:"))
+        pause = self.pause_image
         with _timed(host.timings, "runtime"):
             copy_in(name, Path(oci_runtime.__file__), "/usr/local/lib/gpufleet-lab-oci-runtime.py")
             shim = oci_runtime.shim("/usr/sbin/runc", "/usr/bin/python3").replace(
@@ -445,8 +491,11 @@ class KubeadmCluster:
             )
         with _timed(host.timings, "images"):
             present = set(exec_in(name, "ctr", "--namespace", "k8s.io", "images", "ls", "-q").split())
-            wanted = dict(self.artifacts.kubeadm_images)
-            wanted[BUSYBOX_IMAGE] = (self.artifacts.image("busybox"), ["-c", 'CMD ["/bin/sh"]'])
+            if images is None:
+                wanted = dict(self.artifacts.kubeadm_images)
+                wanted[BUSYBOX_IMAGE] = (self.artifacts.image("busybox"), ["-c", 'CMD ["/bin/sh"]'])
+            else:
+                wanted = dict(images)
             for image, (rootfs, changes) in wanted.items():
                 if _qualified(image) in present:
                     continue
@@ -506,12 +555,18 @@ class KubeadmCluster:
             "evictionHard": {"memory.available": "100Mi"},
         }
 
-    def init(self, containerd: str = "2.1") -> KubeadmHost:
+    def init(self, containerd: str = "2.1", *, hostname: str | None = None) -> KubeadmHost:
         """Create the control-plane host and run ``kubeadm init`` in it; return the host."""
-        reap_stale()
+        if self.owned:
+            reap_stale()
         (self.port,) = free_ports(1)
         with _timed(self.timings, "control-plane host"):
-            host = self._create_host("cp", containerd, ["-p", f"127.0.0.1:{self.port}:{API_PORT}"])
+            host = self._create_host(
+                "cp" if hostname is None else "control-plane",
+                containerd,
+                ["-p", f"127.0.0.1:{self.port}:{API_PORT}"],
+                hostname=hostname,
+            )
             self.control_plane = host
             self._prepare_node(host)
         with _timed(self.timings, "kubeadm init"):
@@ -551,16 +606,36 @@ class KubeadmCluster:
     def join_command(self) -> list[str]:
         """``kubeadm join ...`` as ``kubeadm token create --print-join-command`` prints it."""
         assert self.control_plane is not None
-        if self._join_command is None:
-            said = exec_in(self.control_plane.container, "kubeadm", "token", "create", "--print-join-command")
-            self._join_command = shlex.split(said.strip())
-        return list(self._join_command)
+        with self._join_lock:
+            if self._join_command is None:
+                said = exec_in(
+                    self.control_plane.container, "kubeadm", "token", "create", "--print-join-command"
+                )
+                self._join_command = shlex.split(said.strip())
+            return list(self._join_command)
 
     def join(self, role: str, containerd: str = "1.7") -> KubeadmHost:
         """Create a worker host and ``kubeadm join`` it to the control plane."""
+        return self.join_host(self.add_worker(role, containerd))
+
+    def add_worker(
+        self,
+        role: str,
+        containerd: str,
+        *,
+        hostname: str | None = None,
+        publish: list[str] | None = None,
+        restart: bool = False,
+        images: dict[str, tuple[Path, list[str]]] | None = None,
+    ) -> KubeadmHost:
+        """Create a worker host as the installer leaves it before ``kubeadm join`` (:meth:`join_host`)."""
         with _timed(self.timings, f"{role} host"):
-            host = self._create_host(role, containerd, [])
-            self._prepare_node(host)
+            host = self._create_host(role, containerd, publish or [], hostname=hostname, restart=restart)
+            self._prepare_node(host, images)
+        return host
+
+    def join_host(self, host: KubeadmHost) -> KubeadmHost:
+        """``kubeadm join`` a host :meth:`add_worker` made; returns it."""
         join_config = {
             "apiVersion": "kubeadm.k8s.io/v1beta4",
             "kind": "JoinConfiguration",
@@ -573,6 +648,7 @@ class KubeadmCluster:
             },
         }
         # kubeadm join takes the cluster's KubeletConfiguration from the kubelet-config ConfigMap init made
+        role = host.container.removeprefix(self.prefix + "-")
         with _timed(self.timings, f"kubeadm join {role}"):
             self._kubeadm(host, "join", yaml.safe_dump(join_config), "/etc/kubernetes/kubelet.conf")
         return host
@@ -594,10 +670,14 @@ class KubeadmCluster:
         for host in reversed(self.hosts):
             podman("rm", "-f", "-t", "2", host.container, check=False)
             podman("volume", "rm", "-f", host.volume, check=False)
-        listed = podman("ps", "-a", "-q", "--filter", f"label={LABEL}={self.id}", check=False).stdout.split()
-        for leftover in listed:
-            podman("rm", "-f", "-t", "0", leftover, check=False)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.owned:
+            listed = podman(
+                "ps", "-a", "-q", "--filter", f"label={LABEL}={self.id}", check=False
+            ).stdout.split()
+            for leftover in listed:
+                podman("rm", "-f", "-t", "0", leftover, check=False)
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _qualified(image: str) -> str:

@@ -2,9 +2,9 @@
 
 ``up`` is idempotent: on a lab that is up and healthy it only reports; on a half-made or stale one it
 first removes what is left, then builds afresh. Everything the lab makes carries its name: containers
-``gpufleet-<lab>-<host>``, volumes ``gpufleet-<lab>-<host>-docker`` (or ``-containerd``), the podman label
-``io.gpufleet.lab``, the state directory and the generated ``hosts.yml`` of its inventory. ``down`` removes
-exactly those.
+``gpufleet-<lab>-<host>`` and ``gpufleet-<lab>-control-plane`` (kubeadm's), volumes
+``gpufleet-<lab>-<host>-containerd``, the podman label ``io.gpufleet.lab``, the state directory and the
+generated ``hosts.yml`` of its inventory. ``down`` removes exactly those.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +30,21 @@ from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.testhosts.podman import podman
 
 from . import hostsetup
-from .spec import GATEWAY, LAB_K8S_VERSION, LABEL, SIM_DIR, LabSpec
+from .spec import (
+    CONTROL_PLANE,
+    CONTROL_PLANE_CONTAINERD,
+    EXTENDER_NAMESPACE,
+    EXTENDER_PORT,
+    EXTENDER_TLS_SECRET,
+    GATEWAY,
+    K8S_VERSION,
+    LABEL,
+    METRICS_PORT,
+    SCHEDULER_TLS_DIR,
+    SIM_DIR,
+    HostSpec,
+    LabSpec,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,23 +108,21 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     timings: dict[str, float] = {}
     spec.state_dir.mkdir(parents=True, exist_ok=True)
 
-    from gpufleet_harness.cluster.images import ensure_lab_image
+    from gpufleet_harness.cluster.images import IMPORT_CHANGES, ensure_lab_image
     from gpufleet_harness.cluster.k8s_build import ensure_k8s
+    from gpufleet_harness.release.images import build as build_service_images
     from gpufleet_harness.sim import build as simbuild
 
-    from .hostimage import ensure_host_image
+    from .kubeadm import KubeadmCluster, ensure_host_image
 
-    progress("Kubernetes binaries (built once, cached by version)")
-    _timed(timings, "kubernetes build or cache", lambda: ensure_k8s(LAB_K8S_VERSION))
-    progress(
-        "images: lab host (Debian 12, systemd, docker, containerd) and gpufleet (device plugin, extender)"
-    )
-    host_image = _timed(timings, "host image", ensure_host_image)
+    progress(f"Kubernetes {K8S_VERSION} (built once from its Go modules, cached by version)")
+    artifacts = _timed(timings, "kubernetes build or cache", lambda: ensure_k8s(K8S_VERSION))
+    kinds = sorted({CONTROL_PLANE_CONTAINERD, *(h.containerd for h in spec.hosts)})
+    progress(f"images: kubeadm hosts (containerd {', '.join(kinds)}) and gpufleet (device plugin, extender)")
+    host_images = _timed(timings, "host images", lambda: {k: ensure_host_image(k) for k in kinds})
     gpufleet_image = _timed(timings, "gpufleet image", ensure_lab_image)
     # The device plugin's and the extender's images as an operator gets them (`gpufleet release images`):
     # site.yml's role gpufleet_images imports them into the hosts' runtimes (group_vars: gpufleet_images_dir).
-    from gpufleet_harness.release.images import build as build_service_images
-
     images_dir = spec.state_dir / "images"
     _timed(timings, "service images", lambda: build_service_images(images_dir))
     library = _timed(timings, "simulator library", simbuild.build_library)
@@ -118,48 +130,90 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     # Each host's device plugin /metrics on a free loopback port; the supervisor's Prometheus scrapes them.
     extender_port, *ports = free_ports(1 + len(spec.hosts))
     metrics = {h.name: port for h, port in zip(spec.hosts, ports, strict=True)}
-    progress("control plane, kube-scheduler, Prometheus and the stand-in APT repository")
-    sup = _timed(timings, "control plane", lambda: _start_supervisor(spec, metrics))
-    # A short, stable path for people: $STATE/kubeconfig (the admin's, for kubectl and the roles).
-    short = spec.state_dir / "kubeconfig"
-    short.unlink(missing_ok=True)
-    short.symlink_to(sup["kubeconfig"])
-    sup["kubeconfig"] = str(short)
-    kubelet = Path(sup["k8s_bin"]) / "kubelet"
+    progress("Prometheus and the stand-in APT repository")
+    sup = _timed(timings, "supervisor", lambda: _start_supervisor(spec, metrics))
+    tls = _timed(timings, "extender TLS", lambda: extender_tls(spec.state_dir / "extender-tls"))
 
-    def make_host(host: hostsetup.HostSpec) -> dict[str, float]:
+    cluster = KubeadmCluster(
+        artifacts,
+        cluster_id=spec.name,
+        prefix=spec.prefix,
+        labels={LABEL: spec.name},
+        workdir=spec.state_dir / "kubeadm",
+    )
+    node_images = cluster.worker_images() | {
+        gpufleet_image.name: (gpufleet_image.tarball, list(IMPORT_CHANGES))
+    }
+
+    def control_plane() -> Any:
+        host = cluster.init(CONTROL_PLANE_CONTAINERD, hostname=CONTROL_PLANE)
+        # the operator's part: the scheduler's client certificate and the CA of the extender's certificate
+        for source, name, mode in ((tls["ca"], "ca.crt", 0o644), (tls["client_cert"], "scheduler.crt", 0o644),
+                                   (tls["client_key"], "scheduler.key", 0o600)):  # fmt: skip
+            hostsetup.write_in(host.container, f"{SCHEDULER_TLS_DIR}/{name}", Path(source).read_text(), mode)
+        return host
+
+    def make_host(host: HostSpec, cp: Future[Any]) -> dict[str, float]:
         steps: dict[str, float] = {}
-        port = extender_port if host.runs_extender else None
-        _timed(steps, "container", lambda: hostsetup.create(spec, host, host_image, port, metrics[host.name]))
-        _timed(steps, "simulator", lambda: hostsetup.install_sim(spec, host, Path(library)))
-        _timed(steps, "runc glue", lambda: hostsetup.install_runc_glue(spec, host))
-        _timed(steps, "runtime", lambda: hostsetup.configure_runtime(spec, host))
-        _timed(
+        publish = ["-p", f"127.0.0.1:{metrics[host.name]}:{METRICS_PORT}"]
+        if host.runs_extender:
+            publish += ["-p", f"127.0.0.1:{extender_port}:{EXTENDER_PORT}"]
+        node = _timed(
             steps,
-            "images",
-            lambda: hostsetup.load_images(
-                spec, host, Path(sup["k8s_images"]), (gpufleet_image.name, gpufleet_image.tarball)
+            "host (runtime, kubelet, images)",
+            lambda: cluster.add_worker(
+                host.name,
+                host.containerd,
+                hostname=host.name,
+                publish=publish,
+                restart=True,
+                images=node_images,
             ),
         )
-        _timed(steps, "kubelet", lambda: hostsetup.install_kubelet(spec, host, sup, kubelet))
+        _timed(steps, "simulator", lambda: hostsetup.install_sim(spec, host, Path(library)))
+        _timed(steps, "waiting for the control plane", cp.result)
+        _timed(steps, "kubeadm join", lambda: cluster.join_host(node))
         return steps
 
-    progress(f"hosts: {', '.join(h.name for h in spec.hosts)} (containers, simulator, kubelet)")
+    progress(f"kubeadm control plane and hosts {', '.join(h.name for h in spec.hosts)} (kubeadm join)")
     hosts_started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=len(spec.hosts)) as pool:
-        per_host = dict(zip([h.name for h in spec.hosts], pool.map(make_host, spec.hosts), strict=True))
-    timings["hosts"] = round(time.monotonic() - hosts_started, 1)
+    with ThreadPoolExecutor(max_workers=len(spec.hosts) + 1) as pool:
+        cp = pool.submit(control_plane)
+        futures = [pool.submit(make_host, h, cp) for h in spec.hosts]
+        try:
+            cp.result()
+            per_host = {h.name: f.result() for h, f in zip(spec.hosts, futures, strict=True)}
+        finally:
+            for f in futures:
+                f.cancel()
+    timings["control plane and hosts"] = round(time.monotonic() - hosts_started, 1)
+    short = spec.state_dir / "kubeconfig"  # a short, stable path for people and the roles
+    short.unlink(missing_ok=True)
+    short.symlink_to(cluster.kubeconfig)
     progress("waiting for every node to be Ready")
-    _timed(timings, "nodes Ready", lambda: _wait_nodes_ready(sup["kubeconfig"], [h.name for h in spec.hosts]))
+    names = [CONTROL_PLANE, *(h.name for h in spec.hosts)]
+    _timed(timings, "nodes Ready", lambda: _wait_nodes_ready(str(short), names))
+    _timed(timings, "extender TLS Secret", lambda: _extender_secret(str(short), tls))
     state = {
         "name": spec.name,
+        "kubernetes": artifacts.git_version,
         "supervisor": sup,
+        "kubeconfig": str(short),
+        "apiserver": {"port": cluster.port, "url": f"https://127.0.0.1:{cluster.port}"},
+        "control_plane": {
+            "name": CONTROL_PLANE,
+            "container": spec.control_plane_container,
+            "containerd": CONTROL_PLANE_CONTAINERD,
+            "timings": cluster.timings,
+        },
         "hosts": {
             h.name: {
                 "container": spec.container(h),
                 "fixture": h.fixture,
                 "groups": list(h.groups),
                 "runtime": h.runtime,
+                "containerd": h.containerd,
+                "debian": h.debian,
                 "timings": per_host[h.name],
             }
             for h in spec.hosts
@@ -168,7 +222,7 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
         "metrics": metrics,
         "gpufleet_image": gpufleet_image.name,
         "images_dir": str(images_dir),
-        "host_image": host_image,
+        "host_images": host_images,
         "timings": timings,
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -176,6 +230,41 @@ def up(spec: LabSpec, *, progress: Callable[[str], None] = print) -> dict[str, A
     write_inventory(spec, state)
     progress(f"lab '{spec.name}' up in {state['seconds']:.0f} s; inventory {spec.inventory_dir}")
     return state
+
+
+def extender_tls(directory: Path) -> dict[str, str]:
+    """A CA, the extender's serving certificate (for the address kube-scheduler dials it at, this machine's
+    loopback as 10.0.2.2 inside the hosts, and 127.0.0.1) and kube-scheduler's client certificate."""
+    from gpufleet_harness.cluster import pki
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = pki.certificate_authority(directory, "gpufleet-extender-ca")
+    server = pki.serving_certificate(ca, directory, "extender", "gpufleet-extender", [GATEWAY, "127.0.0.1"])
+    client = pki.client_certificate(ca, directory, "scheduler", "kube-scheduler")
+    return {"ca": str(ca.cert), "cert": str(server.cert), "key": str(server.key),
+            "client_cert": str(client.cert), "client_key": str(client.key)}  # fmt: skip
+
+
+def _extender_secret(kubeconfig: str, tls: dict[str, str]) -> None:
+    """The extender's TLS Secret (tls.crt, tls.key, client-ca.crt), as an operator provides it, in the
+    namespace the role deploys to (which the role then leaves alone: it never adopts a namespace)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    try:
+        core = client.CoreV1Api(api)
+        with contextlib.suppress(client.ApiException):
+            namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=EXTENDER_NAMESPACE))
+            core.create_namespace(namespace, _request_timeout=30)
+        files = {"tls.crt": tls["cert"], "tls.key": tls["key"], "client-ca.crt": tls["ca"]}
+        secret = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=EXTENDER_TLS_SECRET),
+            type="Opaque",
+            string_data={key: Path(path).read_text() for key, path in files.items()},
+        )
+        core.create_namespaced_secret(EXTENDER_NAMESPACE, secret, _request_timeout=30)
+    finally:
+        api.close()
 
 
 def _start_supervisor(spec: LabSpec, metrics: dict[str, int]) -> dict[str, Any]:
@@ -188,7 +277,6 @@ def _start_supervisor(spec: LabSpec, metrics: dict[str, int]) -> dict[str, Any]:
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", SUPERVISOR_MODULE, "--state-dir", str(spec.state_dir),
-             "--hosts", ",".join(h.name for h in spec.hosts),
              "--scrape", ",".join(f"{name}={port}" for name, port in metrics.items())],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             cwd="/",
@@ -260,33 +348,51 @@ def _healthy(spec: LabSpec, state: dict[str, Any]) -> bool:
     running = containers(spec)
     if any(running.get(spec.container(h)) != "running" for h in spec.hosts):
         return False
+    if running.get(spec.control_plane_container) != "running":
+        return False
     try:
-        nodes = node_conditions(state["supervisor"]["kubeconfig"])
+        nodes = node_conditions(state["kubeconfig"])
     except Exception:
         return False
-    return all(nodes.get(h.name, {}).get("ready") for h in spec.hosts)
+    return all(nodes.get(n, {}).get("ready") for n in (CONTROL_PLANE, *(h.name for h in spec.hosts)))
 
 
 # -- inventory -----------------------------------------------------------------------------------------
+def host_vars(host: HostSpec) -> dict[str, Any]:
+    """What the generated inventory says of one GPU host."""
+    branch, version, _ = host.driver
+    # gpufleet_container_runtime: the runtime the host's kubelet uses, as its installer set it up
+    # (group_vars/all.yml points the runtime validation suite at it). The driver: the one of the host's
+    # Debian release (its simulated GPUs report it). Nothing else goes in that nothing reads: site.yml refuses
+    # a gpufleet_* variable no role or playbook reads (the host's fixture is its name and `gpufleet lab
+    # status` says it).
+    doc: dict[str, Any] = {
+        "gpufleet_container_runtime": host.runtime,
+        "gpufleet_driver_branch": branch,
+        "gpufleet_driver_version": version,
+    }
+    if host.runtime_class:
+        # runc stays the default, GPU pods name the RuntimeClass (the validation pods too: validate.yml)
+        doc["nvidia_container_toolkit_default_runtime"] = False
+    if host.cdi:
+        # NVIDIA's CDI specification written where no nvidia.ko is (the role's auto needs one), and
+        # containerd's CDI on (2.x has it on; the drop-in keeps it so)
+        doc["nvidia_container_toolkit_cdi_spec"] = "always"
+        doc["nvidia_container_toolkit_containerd_cdi"] = "enabled"
+    if host.device_plugin_config:
+        doc["gpufleet_device_plugin_config_name"] = host.device_plugin_config
+    if host.mig_layout:
+        doc |= {"gpufleet_mig_enabled": True, "nvidia_mig_layout": host.mig_layout}
+    return doc
+
+
 def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
     sup = state["supervisor"]
-    # gpufleet_container_runtime: the runtime the host's kubelet uses, as its installer set it up
-    # (group_vars/all.yml points the runtime validation suite at it). Nothing else goes in that nothing
-    # reads: site.yml refuses a gpufleet_* variable no role or playbook reads (the host's fixture is its name
-    # and `gpufleet lab status` says it).
-    # nvidia_container_toolkit_default_runtime false: runc stays the default, GPU pods name the RuntimeClass
-    # (the validation pods too: playbooks/validate.yml derives it).
-    hosts = {
-        h.name: {"ansible_host": spec.container(h), "gpufleet_container_runtime": h.runtime}
-        | ({"nvidia_container_toolkit_default_runtime": False} if h.runtime_class else {})
-        | ({"gpufleet_device_plugin_config_name": h.device_plugin_config} if h.device_plugin_config else {})
-        | ({"gpufleet_mig_enabled": True, "nvidia_mig_layout": h.mig_layout} if h.mig_layout else {})
-        for h in spec.hosts
-    }  # fmt: skip
+    hosts = {h.name: {"ansible_host": spec.container(h)} | host_vars(h) for h in spec.hosts}
     groups: dict[str, Any] = {"gpu_nodes": {"hosts": hosts}}
     for group in sorted({g for h in spec.hosts for g in h.groups}):
         groups[group] = {"hosts": {h.name: None for h in spec.hosts if group in h.groups}}
-    groups["kube_control_plane"] = {"hosts": {"lab-control-plane": None}}
+    groups["kube_control_plane"] = {"hosts": {CONTROL_PLANE: {"ansible_host": spec.control_plane_container}}}
     return {
         "all": {
             "vars": {
@@ -294,13 +400,14 @@ def inventory_doc(spec: LabSpec, state: dict[str, Any]) -> dict[str, Any]:
                 "gpufleet_lab": {
                     "name": spec.name,
                     "state_dir": str(spec.state_dir),
-                    "kubeconfig": sup["kubeconfig"],
-                    "apiserver_port": sup["apiserver"]["port"],
+                    "kubeconfig": state["kubeconfig"],
+                    "apiserver_port": state["apiserver"]["port"],
                     "gateway": GATEWAY,
                     "repo_url": sup["repo"]["url"],
-                    "scheduler": sup["scheduler"],
                     "extender_host": state["extender"]["host"],
                     "extender_port": state["extender"]["port"],
+                    "extender_tls_secret": EXTENDER_TLS_SECRET,
+                    "scheduler_tls_dir": SCHEDULER_TLS_DIR,
                     "prometheus_url": sup["prometheus"]["url"],
                     "gpufleet_image": state["gpufleet_image"],
                     "images_dir": state.get("images_dir", ""),
@@ -337,7 +444,7 @@ def down(spec: LabSpec, *, progress: Callable[[str], None] = print) -> list[str]
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.2)
         removed.append(f"supervisor (pid {pid})")
-    names = set(containers(spec)) | {spec.container(h) for h in spec.hosts}
+    names = set(containers(spec)) | {spec.container(h) for h in spec.hosts} | {spec.control_plane_container}
     for name in sorted(names):
         if podman("container", "exists", name, check=False).returncode == 0:
             podman("rm", "-f", "-t", "2", name, check=False)
@@ -345,7 +452,7 @@ def down(spec: LabSpec, *, progress: Callable[[str], None] = print) -> list[str]
     volumes = podman(
         "volume", "ls", "-q", "--filter", f"label={LABEL}={spec.name}", check=False
     ).stdout.split()
-    named = {v for h in spec.hosts for v in (spec.volume(h), spec.containerd_volume(h))}
+    named = {spec.containerd_volume(h) for h in spec.hosts} | {f"{spec.control_plane_container}-containerd"}
     for volume in sorted(set(volumes) | named):
         if podman("volume", "exists", volume, check=False).returncode == 0:
             podman("volume", "rm", "-f", volume, check=False)
@@ -376,22 +483,30 @@ def status(spec: LabSpec) -> dict[str, Any]:
     nodes: dict[str, dict[str, Any]] = {}
     if state and doc["supervisor"]:
         with contextlib.suppress(Exception):
-            nodes = node_conditions(state["supervisor"]["kubeconfig"])
-        doc["kubeconfig"] = state["supervisor"]["kubeconfig"]
-        doc["apiserver"] = state["supervisor"]["apiserver"]["url"]
+            nodes = node_conditions(state["kubeconfig"])
+        doc["kubeconfig"] = state["kubeconfig"]
+        doc["apiserver"] = state["apiserver"]["url"]
+        doc["kubernetes"] = state.get("kubernetes")
         doc["prometheus"] = state["supervisor"].get("prometheus", {}).get("url")
+    cp = nodes.get(CONTROL_PLANE, {})
+    doc["control_plane"] = {
+        "container": spec.control_plane_container,
+        "container_state": running.get(spec.control_plane_container, "absent"),
+        "node_ready": bool(cp.get("ready")),
+    }
     for h in spec.hosts:
         node = nodes.get(h.name, {})
         doc["hosts"][h.name] = {
             "container": spec.container(h),
             "fixture": h.fixture,
-            "runtime": h.runtime,
+            "runtime": f"{h.runtime} {h.containerd}",
             "container_state": running.get(spec.container(h), "absent"),
             "node_ready": bool(node.get("ready")),
             "allocatable_gpus": node.get("gpus", 0),
             "allocatable_mig": node.get("mig", {}),
         }
     doc["up"] = bool(doc["supervisor"]) and all(
-        v["container_state"] == "running" and v["node_ready"] for v in doc["hosts"].values()
+        v["container_state"] == "running" and v["node_ready"]
+        for v in (doc["control_plane"], *doc["hosts"].values())
     )
     return doc
