@@ -492,10 +492,18 @@ def test_driver_rollout_drains_reboots_and_uncordons_a_node(lab: Lab) -> None:
         events = core.list_event_for_all_namespaces(
             field_selector=f"involvedObject.kind=Node,involvedObject.name={node}", _request_timeout=10
         ).items
-    assert not found.spec.unschedulable, f"{node} was left cordoned"
-    ready = {c.type: c.status for c in found.status.conditions}.get("Ready")
-    assert ready == "True", f"{node} is not Ready after the rollout: {found.status.conditions}"
-    # its GPUs back, in its mode (GPU memory to share on this host)
+        assert not found.spec.unschedulable, f"{node} was left cordoned"
+        ready = {c.type: c.status for c in found.status.conditions}.get("Ready")
+        assert ready == "True", f"{node} is not Ready after the rollout: {found.status.conditions}"
+        # Its GPUs come back, in its mode (GPU memory to share on this host). Not asserted at the playbook's
+        # end: its wait can be met by the Node's status from before the reboot, which the restarted kubelet
+        # then posts again with the plugin's resources at 0 until the plugin registers (seen on 1.37 in 2 of
+        # 4 runs; upgrade-driver.yml says so). The plugin must register again on its own.
+        deadline = time.monotonic() + 300
+        gpu_mem = "gpufleet.io/gpu-mem"
+        while int(found.status.allocatable.get(gpu_mem, "0")) == 0 and time.monotonic() < deadline:
+            time.sleep(2)
+            found = core.read_node(node, _request_timeout=10)
     assert int(found.status.allocatable.get("gpufleet.io/gpu-mem", "0")) > 0, found.status.allocatable
     reasons = {e.reason for e in events}
     # The kubelet saw the cordon (its NodeSchedulable event for the uncordon may come later; the node's
