@@ -249,8 +249,8 @@ def demand(p: Params, compute: int, membound: int) -> int:
     return p.idle_mw + ((p.full_mw - p.idle_mw) * compute + (full_mb - p.idle_mw) * membound) // scale
 
 
-def power_at(p: Params, loads: Iterable[Load], t: int) -> int:
-    """Instantaneous power (mW) at `t` of a GPU running `loads` (its records only)."""
+def _tally(loads: Iterable[Load], t: int) -> tuple[bool, dict[str, int], int | None]:
+    """(any load running, utilisation summed per kind, the latest end of a finished one) at `t`."""
     util = {COMPUTE: 0, MEMBOUND: 0}
     active, last_end = False, None
     for ld in loads:
@@ -259,6 +259,12 @@ def power_at(p: Params, loads: Iterable[Load], t: int) -> int:
             util[ld.kind] += ld.util
         elif ld.end_ms != NO_END and ld.end_ms <= t:
             last_end = ld.end_ms if last_end is None else max(last_end, ld.end_ms)
+    return active, util, last_end
+
+
+def power_at(p: Params, loads: Iterable[Load], t: int) -> int:
+    """Instantaneous power (mW) at `t` of a GPU running `loads` (its records only)."""
+    active, util, last_end = _tally(loads, t)
     if active:
         return min(demand(p, util[COMPUTE], util[MEMBOUND]), p.cap_mw)
     if last_end is not None and t < last_end + p.linger_ms:
@@ -286,14 +292,7 @@ def extra_energy_uj(p: Params, loads: list[Load], since: int, until: int) -> int
 
 def _stretch(p: Params, loads: Iterable[Load], t: int) -> tuple[bool, bool, int, int]:
     """(idle, held by the cap, PCIe TX KB/s, RX KB/s) of a GPU at `t`: load.c's state_at, same integers."""
-    util = {COMPUTE: 0, MEMBOUND: 0}
-    active, last_end = False, None
-    for ld in loads:
-        if ld.active(t):
-            active = True
-            util[ld.kind] += ld.util
-        elif ld.end_ms != NO_END and ld.end_ms <= t:
-            last_end = ld.end_ms if last_end is None else max(last_end, ld.end_ms)
+    active, util, last_end = _tally(loads, t)
     uc, um = util[COMPUTE], util[MEMBOUND]
     scale = max(100, uc + um)
     (tc, rc), (tm, rm) = PCIE_PER_UTIL[COMPUTE], PCIE_PER_UTIL[MEMBOUND]
