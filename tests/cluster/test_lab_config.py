@@ -13,6 +13,7 @@ import yaml
 from gpufleet_harness.cluster import cluster, k8s_build, node, oci_runtime
 from gpufleet_harness.cluster.cluster import scheduler_config
 from gpufleet_harness.cluster.k8s_build import upstream_version
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.process import ClusterError
 
 EXTENDER = {"urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter"}
@@ -128,13 +129,13 @@ def test_the_default_kubernetes_is_the_module_build_and_1_20_is_debians(
 
 @pytest.mark.parametrize(("git_version", "minor", "legacy"), [("v1.37.2", 37, False), ("v1.20.2", 20, True)])
 def test_a_builds_minor_decides_the_legacy_flags(git_version: str, minor: int, legacy: bool) -> None:
-    artifacts = k8s_build.K8sArtifacts("x", Path("/x"), {"git_version": git_version})
+    artifacts = K8sArtifacts("x", Path("/x"), {"git_version": git_version})
     assert artifacts.minor == minor
     assert cluster.legacy(artifacts) is legacy
 
 
 def test_a_docker_node_is_refused_on_a_current_kubelet_before_anything_starts(tmp_path: Path) -> None:
-    artifacts = k8s_build.K8sArtifacts("1.37.2", tmp_path, {"git_version": "v1.37.2"})
+    artifacts = K8sArtifacts("1.37.2", tmp_path, {"git_version": "v1.37.2"})
     lab = SimpleNamespace(artifacts=artifacts, dir=tmp_path, id="x", logs=tmp_path)
     cp = SimpleNamespace(legacy=cluster.legacy(artifacts))
     refused = r"dockershim, removed in Kubernetes 1\.24; this cluster runs v1\.37\.2"

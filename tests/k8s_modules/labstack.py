@@ -44,7 +44,8 @@ import yaml
 
 from gpufleet_harness.cluster.cluster import ControlPlane, Scheduler, TestCluster
 from gpufleet_harness.cluster.images import LabImage, ensure_lab_image, load_into
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts, ensure_k8s
+from gpufleet_harness.cluster.k8s_build import ensure_k8s
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.node import KubeletNode
 from gpufleet_harness.sim import machine as simmachine
 

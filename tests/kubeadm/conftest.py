@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from gpufleet_harness.cluster.k8s_build import BuildError, K8sArtifacts, ensure_k8s
+from gpufleet_harness.cluster.k8s_build import ensure_k8s
+from gpufleet_harness.cluster.k8s_cache import BuildError, K8sArtifacts
 
 VERSION = "1.37.2"
 

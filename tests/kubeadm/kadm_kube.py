@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.lab.hostsetup import HostError
 from gpufleet_harness.lab.kubeadm import KubeadmCluster

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet_harness.cluster import gomod
-from gpufleet_harness.cluster.k8s_build import BuildError, cached, ensure_k8s
+from gpufleet_harness.cluster.k8s_build import cached, ensure_k8s
+from gpufleet_harness.cluster.k8s_cache import BuildError
 
 
 def test_release_numbers_select_the_module_build() -> None:

@@ -32,7 +32,7 @@ from kubernetes import client as k8s
 
 from gpufleet_harness.cluster import images
 from gpufleet_harness.cluster.cri import stream_import
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
 from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.lab.hostsetup import DEVICES_UNIT, copy_in, stage_sim, write_in

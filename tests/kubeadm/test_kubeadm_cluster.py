@@ -22,7 +22,7 @@ from kadm_kube import new_namespace, running
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
 from gpufleet_harness.cluster.process import ClusterError, wait_for
 from gpufleet_harness.lab.hostsetup import HostError

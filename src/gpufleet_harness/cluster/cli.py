@@ -28,11 +28,11 @@ from gpufleet_harness.cluster.k8s_build import (
     DEBIAN_K8S,
     DEFAULT_K8S_VERSION,
     NEWEST_K8S_VERSION,
-    BuildError,
     ensure_k8s,
     missing_build_requirements,
     resolve_version,
 )
+from gpufleet_harness.cluster.k8s_cache import BuildError
 from gpufleet_harness.cluster.node import RUNTIMES
 from gpufleet_harness.cluster.process import ClusterError
 

@@ -40,7 +40,7 @@ import yaml
 from kubernetes import client as k8s
 
 from gpufleet_harness.cluster import pki
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.node import KubeletNode, remove_node_leftovers
 from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, http_found, http_ok, wait_for
 from gpufleet_harness.cluster.taints import remove_taint

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import gpufleet
 import gpufleet_harness
-from gpufleet_harness.cluster.k8s_build import cache_root
+from gpufleet_harness.cluster.k8s_cache import cache_root
 from gpufleet_harness.cluster.process import ClusterError, file_lock
 from gpufleet_harness.testhosts.images import apt_mirror
 

@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 from gpufleet_harness.cluster import gomod
-from gpufleet_harness.cluster.k8s_build import (
+from gpufleet_harness.cluster.k8s_cache import (
     MANIFEST,
     BuildError,
     K8sArtifacts,
-    _Builder,
+    StepBuilder,
     _load,
     _sha256,
     _write_tar,
@@ -70,7 +70,7 @@ IMAGE_BINARIES = {
 }
 
 
-class _ModuleBuilder(_Builder):
+class _ModuleBuilder(StepBuilder):
     """One build of a release from the module proxy; every step is skipped when its output exists."""
 
     def __init__(self, release: gomod.ModuleBuild, entry: Path, cache: Path, niceness: int) -> None:

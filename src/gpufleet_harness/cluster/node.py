@@ -48,7 +48,7 @@ from kubernetes import client as k8s
 
 from gpufleet.imageref import qualified
 from gpufleet_harness.cluster import cri, oci_runtime, pki
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.process import ClusterError, Daemon, free_ports, http_ok, run, wait_for
 from gpufleet_harness.cluster.taints import remove_taint
 

@@ -26,7 +26,7 @@ def _say(quiet: bool) -> Any:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from gpufleet_harness.cluster.k8s_build import BuildError
+    from gpufleet_harness.cluster.k8s_cache import BuildError
     from gpufleet_harness.cluster.process import ClusterError
 
     from .hostsetup import HostError

@@ -58,7 +58,7 @@ import yaml
 
 from gpufleet_harness.cluster import cri, oci_runtime
 from gpufleet_harness.cluster.cri import CNI_CONFLIST, CONTAINERD_SOCKET, stream_import
-from gpufleet_harness.cluster.k8s_build import K8sArtifacts
+from gpufleet_harness.cluster.k8s_cache import K8sArtifacts
 from gpufleet_harness.cluster.node import BUSYBOX_IMAGE
 from gpufleet_harness.cluster.process import ClusterError, file_lock, free_ports, wait_for
 from gpufleet_harness.testhosts.images import INIT_WRAPPER, ImageSpec, apt_mirror, build_image, image_key

@@ -35,7 +35,7 @@ from pathlib import Path
 import gpufleet
 from gpufleet import ociarchive
 from gpufleet_harness.cluster import images as labimages
-from gpufleet_harness.cluster.k8s_build import cache_root
+from gpufleet_harness.cluster.k8s_cache import cache_root
 from gpufleet_harness.cluster.process import file_lock
 
 REPO = Path(__file__).resolve().parents[3]

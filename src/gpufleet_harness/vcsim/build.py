@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet_harness.cluster.k8s_build import cache_root
+from gpufleet_harness.cluster.k8s_cache import cache_root
 from gpufleet_harness.cluster.process import file_lock
 
 log = logging.getLogger(__name__)
