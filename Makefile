@@ -4,7 +4,7 @@ VENV := .venv/bin
 # Tools in the venv call each other (ansible-lint runs ansible-playbook, pytest runs molecule...).
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: bootstrap lab lab-build test lint unit
+.PHONY: bootstrap lab lab-build lab-test test lint unit
 
 bootstrap:
 	@scripts/bootstrap
@@ -19,10 +19,16 @@ lab: bootstrap
 
 ## Everything CI runs: linters beside the lab's build (a cold Kubernetes build and image pulls leave a core
 ## to spare), then the whole test suite. Either failing fails the run (make -j waits for the other first).
-## pytest -n 3: three pytest-xdist workers (docs/testing.md): the lab tests, the molecule scenarios, the rest.
+## pytest -n 3: three pytest-xdist workers (docs/testing.md): the Kubernetes tests, the molecule scenarios, the
+## rest; the 30 slowest tests are listed at the end. Opt-in suites (the lab test, kubeadm) are deselected.
 test: bootstrap
 	$(MAKE) --no-print-directory -j2 -Otarget lint lab-build
-	$(VENV)/pytest -n 3
+	$(VENV)/pytest -n 3 --durations=30
+
+## The lab test (opt-in, ~15 min): `gpufleet lab up`, site.yml twice, the device plugin as systemd units and
+## back, a driver rollout, `gpufleet lab down` (tests/lab/test_lab_site.py, docs/testing.md).
+lab-test: bootstrap lab-build
+	$(VENV)/pytest -m lab --durations=15 tests/lab/test_lab_site.py
 
 ## The Kubernetes build the tests need: 1.37.2 from its Go modules, one cache entry for the test cluster
 ## (`gpufleet cluster build`) and the lab (`gpufleet lab build`); GPUFLEET_K8S_VERSION=1.20 would add
