@@ -93,7 +93,14 @@ class PluginRun:
         def probe() -> dict[str, Any] | None:
             return next((e for e in self.events(name)[skip:] if predicate(e)), None)
 
-        return wait_for(f"plugin log: {what}", probe, DEADLINE, interval=0.1, alive=self.check)
+        try:
+            return wait_for(f"plugin log: {what}", probe, DEADLINE, interval=0.1, alive=self.check)
+        except ClusterError as err:  # what both sides said, for a failure seen only under CI's load
+            kubelet = self.node.kubelet.tail(40) if self.node.kubelet is not None else "(no kubelet)"
+            raise ClusterError(
+                f"{err}\n--- the plugin's log ({self.daemon.log_path}), last lines:\n{self.daemon.tail(40)}"
+                f"\n--- the kubelet's log, last lines:\n{kubelet}"
+            ) from None
 
     def check(self) -> None:
         """Raise with the log tail if the plugin died."""
