@@ -94,6 +94,14 @@ class BuildError(RuntimeError):
     """A step of the build failed; the message names it."""
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def cache_dir() -> Path:
     return cache_root() / "service-images"
 
@@ -123,6 +131,11 @@ def service_key(service: Service, base_key: str) -> str:
     sources = hashlib.sha256()
     for path, rel in _gpufleet_files():
         sources.update(rel.encode() + b"\0" + path.read_bytes())
+    # The distributions' files as this venv has them, not only their versions: two venvs of one version
+    # differ in files the image carries (RECORD), and a cached archive must be what a build here makes.
+    installed = hashlib.sha256()
+    for path, rel in sorted(_dist_files(service), key=lambda item: item[1]):
+        installed.update(rel.encode() + b"\0" + path.read_bytes())
     dists = [
         f"{d.metadata['Name']}=={d.version}" for d in labimages.runtime_distributions(service.requirements)
     ]
@@ -134,6 +147,7 @@ def service_key(service: Service, base_key: str) -> str:
             "dists": dists,
             "python": sys.implementation.cache_tag,
             "gpufleet": sources.hexdigest(),
+            "installed": installed.hexdigest(),
             "containerfile": service.containerfile.read_text(),
             "base_containerfile": BASE_CONTAINERFILE.read_text(),
             "wrapper": service.wrapper(),
@@ -189,7 +203,16 @@ def ensure_base(timings: dict[str, float]) -> tuple[str, str]:
         raise BuildError(
             f"images: {spec.suite}'s python3 is {have}, but the bytecode is compiled by Python {want}"
         )
-    key = _digest({"rootfs": base_key, "containerfile": BASE_CONTAINERFILE.read_text(), "rev": REVISION})
+    # The root filesystem's bytes, not only its recipe: debootstrap is not reproducible (/etc/shadow's dates,
+    # its logs), so a rebuilt rootfs must not reuse service archives made on the one before.
+    key = _digest(
+        {
+            "rootfs": base_key,
+            "rootfs_sha256": _sha256(rootfs),
+            "containerfile": BASE_CONTAINERFILE.read_text(),
+            "rev": REVISION,
+        }
+    )
     tag = f"localhost/gpufleet/base:{key}"
     with file_lock(cache_dir() / f"base-{key}.lock"):
         if not _image_exists(tag):
