@@ -35,7 +35,7 @@ from pathlib import Path
 import gpufleet
 from gpufleet import ociarchive
 from gpufleet_harness.cluster import images as labimages
-from gpufleet_harness.cluster.k8s_cache import cache_root
+from gpufleet_harness.cluster.k8s_cache import _sha256, cache_root
 from gpufleet_harness.cluster.process import file_lock
 
 REPO = Path(__file__).resolve().parents[3]
@@ -92,14 +92,6 @@ SERVICES = {
 
 class BuildError(RuntimeError):
     """A step of the build failed; the message names it."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def cache_dir() -> Path:
