@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from gpufleet_harness.cluster.k8s_cache import file_sha256
+
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
 # containerd as a cluster installer configures it for a kubelet (kubeadm's "container runtimes" page for
@@ -136,11 +138,7 @@ def _sha256(path: Path) -> str:
     key = (str(path), st.st_size, st.st_mtime_ns)
     with _DIGESTS_LOCK:
         if key not in _DIGESTS:
-            digest = hashlib.sha256()
-            with path.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-            _DIGESTS[key] = digest.hexdigest()
+            _DIGESTS[key] = file_sha256(path)
         return _DIGESTS[key]
 
 

@@ -38,8 +38,8 @@ from gpufleet_harness.cluster.k8s_cache import (
     StepBuilder,
     _key,
     _load,
-    _sha256,
     cache_root,
+    file_sha256,
 )
 from gpufleet_harness.cluster.k8s_modbuild import ensure_module_build
 from gpufleet_harness.cluster.process import file_lock
@@ -254,7 +254,7 @@ class _Builder(StepBuilder):
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "step_seconds": self.timings,
             "sha256": {
-                p.name: _sha256(p)
+                p.name: file_sha256(p)
                 for p in sorted([*(self.entry / "bin").iterdir(), *(self.entry / "images").iterdir()])
                 if not p.name.startswith(".")
             },

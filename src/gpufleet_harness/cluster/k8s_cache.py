@@ -235,7 +235,8 @@ def _write_tar(root: Path, target: Path) -> None:
     tmp.rename(target)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

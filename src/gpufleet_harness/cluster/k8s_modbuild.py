@@ -38,9 +38,9 @@ from gpufleet_harness.cluster.k8s_cache import (
     K8sArtifacts,
     StepBuilder,
     _load,
-    _sha256,
     _write_tar,
     cache_root,
+    file_sha256,
 )
 from gpufleet_harness.cluster.process import file_lock
 
@@ -264,7 +264,7 @@ class _ModuleBuilder(StepBuilder):
             "binary_versions": said,
             "kubeadm_images": images,
             "files": [str(p.relative_to(self.entry)) for p in files if not p.name.startswith(".")],
-            "sha256": {p.name: _sha256(p) for p in files if not p.name.startswith(".")},
+            "sha256": {p.name: file_sha256(p) for p in files if not p.name.startswith(".")},
         }
         tmp = self.entry / f".{MANIFEST}.tmp"
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")

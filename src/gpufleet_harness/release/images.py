@@ -35,7 +35,7 @@ from pathlib import Path
 import gpufleet
 from gpufleet import ociarchive
 from gpufleet_harness.cluster import images as labimages
-from gpufleet_harness.cluster.k8s_cache import _sha256, cache_root
+from gpufleet_harness.cluster.k8s_cache import cache_root, file_sha256
 from gpufleet_harness.cluster.process import file_lock
 
 REPO = Path(__file__).resolve().parents[3]
@@ -200,7 +200,7 @@ def ensure_base(timings: dict[str, float]) -> tuple[str, str]:
     key = _digest(
         {
             "rootfs": base_key,
-            "rootfs_sha256": _sha256(rootfs),
+            "rootfs_sha256": file_sha256(rootfs),
             "containerfile": BASE_CONTAINERFILE.read_text(),
             "rev": REVISION,
         }
