@@ -82,6 +82,9 @@ OPT_IN = {
     # `make lab` and more (site.yml twice, systemd units, a driver rollout): ~15 min of CI's critical path,
     # which CI's 90 minutes could not afford in session 16 (`make lab-test` runs it)
     "lab": "GPUFLEET_LAB_TEST",
+    # NVIDIA's k8s-device-plugin against the simulator (root; the binary, never committed, named by
+    # GPUFLEET_NVDP_BIN): tests/deviceplugin/test_dp_nvidia_plugin.py
+    "nvdp": "GPUFLEET_NVDP",
 }
 
 

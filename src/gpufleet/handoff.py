@@ -4,7 +4,8 @@ docs/handoff.md describes the protocol; this module is what both sides import, s
 changes in one place. It holds the resource names, every annotation and label either side reads from
 what the other wrote, and the value formats with a parser and a writer each:
 
-- node label `gpufleet.io/gpu.product` (published by the device plugin): :func:`product_label_value`;
+- node labels `gpufleet.io/gpu.model` and, before session 18, `gpufleet.io/gpu.product` (published by the
+  device plugin): :func:`product_label_value`;
 - node annotation `gpufleet.io/gpus` (device plugin → extender): :class:`GpuEntry`, :func:`format_gpus`,
   :func:`parse_gpus`;
 - node annotation `gpufleet.io/bind-lock` (extender takes it, device plugin releases it): :class:`BindLock`;
@@ -50,7 +51,9 @@ MPS_LABEL = f"{LABEL_PREFIX}/mps"
 PRODUCT_LABEL_NAME = "gpu.product"
 """The model label's name under the device plugin's label prefix."""
 PRODUCT_LABEL = f"{LABEL_PREFIX}/{PRODUCT_LABEL_NAME}"
-"""Published by the device plugin: the GPU model as a label value, :data:`PRODUCT_MIXED` on mixed nodes."""
+"""Published by the device plugin with GFD's value of `nvidia.com/gpu.product` (docs/deviceplugin.md): the
+GPU model as a label value, one model's on a node of several. It said :data:`PRODUCT_MIXED` there before
+session 18 (now the value of `gpufleet.io/gpu.model`); the extender still reads that as no model wish."""
 PRODUCT_MIXED = "mixed"
 
 # ----- Annotations --------------------------------------------------------------------------------------
@@ -127,7 +130,7 @@ def label_value(text: str) -> str:
 
 
 def product_label_value(models: Collection[str]) -> str:
-    """The :data:`PRODUCT_LABEL` value for a node with GPUs of these models (one entry per GPU or model).
+    """The `gpufleet.io/gpu.model` value for a node with GPUs of these models (one entry per GPU or model).
 
     One model gives that model as a label value (`NVIDIA A100-SXM4-80GB` → `NVIDIA-A100-SXM4-80GB`);
     several give :data:`PRODUCT_MIXED`, because a node label cannot say which card a pod gets.

@@ -24,7 +24,7 @@ from gpufleet.deviceplugin import config as configuration
 from gpufleet.deviceplugin import gfd
 from gpufleet.deviceplugin.app import gfd_sharing
 from gpufleet.deviceplugin.gfd import Sharing, gfd_labels
-from gpufleet.deviceplugin.labels import NodePublisher, node_labels, node_patch
+from gpufleet.deviceplugin.labels import GFD_MIG_NAMES, GFD_NAMES, NodePublisher, node_labels, node_patch
 from gpufleet.deviceplugin.rm.model import GIB, MIB, GpuInfo, MigDeviceInfo, NodeInventory, VgpuDevice
 from gpufleet_harness import realgpu
 
@@ -249,6 +249,90 @@ def test_a_mixed_node_is_labelled_with_its_first_gpus_model() -> None:
         "1",
     )
     assert labels["nvidia.com/gpu.memory"] == str(80 * 1024)
+
+
+def _cases() -> dict[str, tuple[NodeInventory, str, Sharing]]:
+    """Every kind of node whose GFD labels differ from the plain one-GPU case: (inventory, MIG strategy,
+    sharing, as the plugin's configuration gives it to GFD's rules (:func:`gfd_sharing`; the plugin refuses
+    MIG with sharing at start, docs/deviceplugin.md "MIG")."""
+    inv = _gpus(4)
+    mps = configuration.build(
+        environ={}, file_values={"sharing.mode": "memory", "node_name": "n", "sharing.memory.mps": True}
+    )
+    h100 = replace(inv.gpus[0], model="NVIDIA H100 80GB HBM3", memory_bytes=80 * GIB, cc=(9, 0))
+    small = replace(inv.gpus[1], model="NVIDIA A100-SXM4-40GB", memory_bytes=40 * GIB, cc=(8, 0))
+    one, two = inv.gpus[:1], inv.gpus[:2]
+    single = tuple(_mig(g, ["1g.18gb"] * 7) for g in two)
+    return {
+        "one GPU": (replace(inv, gpus=one), "none", Sharing()),
+        "four GPUs": (inv, "none", Sharing()),
+        "memory shares with MPS": (inv, "none", gfd_sharing(mps)),
+        "time-sliced x4": (inv, "none", Sharing("time-slicing", 4)),
+        "time-sliced, renamed": (inv, "none", Sharing("time-slicing", 4, renamed=True)),
+        "mixed models": (replace(inv, gpus=(h100, small, *inv.gpus[2:])), "none", Sharing()),
+        "mixed models, time-sliced": (replace(inv, gpus=(small, h100)), "none", Sharing("time-slicing", 2)),
+        "MIG single": (replace(inv, gpus=single), "single", Sharing()),
+        "MIG single, half the GPUs": (replace(inv, gpus=(single[0], inv.gpus[1])), "single", Sharing()),
+        "MIG single, two profiles": (
+            replace(inv, gpus=(_mig(two[0], ["1g.18gb"]), _mig(two[1], ["3g.71gb"]))),
+            "single",
+            Sharing(),
+        ),
+        "MIG single, an empty GPU": (replace(inv, gpus=(single[0], _mig(two[1], []))), "single", Sharing()),
+        "MIG single, no GPU in MIG mode": (inv, "single", Sharing()),
+        "MIG mixed": (
+            replace(inv, gpus=(_mig(two[0], ["1g.18gb", "1g.18gb+me", "3g.71gb"]), *inv.gpus[1:])),
+            "mixed",
+            Sharing(),
+        ),
+        "MIG mixed, two models": (
+            replace(inv, gpus=(_mig(h100, ["1g.18gb"]), _mig(two[1], ["1g.18gb"]))),
+            "mixed",
+            Sharing(),
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_every_gpufleet_label_under_a_gfd_name_has_gfds_value(case: str) -> None:
+    """Item 4 of issue 33, on every kind of node: a gpufleet.io label whose name (after the domain) GFD
+    also writes carries GFD's value, and the labels with gpufleet's own meanings have names GFD never
+    writes. Before, time-slicing (`-SHARED`), several models (`mixed`, the smallest memory) and an invalid
+    MIG single layout (count 0, `-MIG-INVALID`) gave other values under the same names."""
+    inv, strategy, sharing = _cases()[case]
+    ours = {
+        k.removeprefix("gpufleet.io/"): v
+        for k, v in node_labels(inv, "gpufleet.io", strategy, sharing).items()
+    }
+    theirs = {k.removeprefix("nvidia.com/"): v for k, v in gfd_labels(inv, strategy, sharing).items()}
+    named = {k for k in ours if gfd.is_gfd_label(f"nvidia.com/{k}")}
+    assert {k: ours[k] for k in named} == {k: theirs.get(k) for k in named}
+    assert set(ours) - named == {
+        "gpu.present", "gpu.model", "gpu.nvlink", "gpu.nvswitch", "driver.version", "driver.major",
+    }  # fmt: skip
+    # Every GFD label of the names gpufleet writes is written: none left out where GFD has one.
+    mig = {k for k in theirs if k.startswith("mig-") and k.rpartition(".")[2] in GFD_MIG_NAMES}
+    assert {k for k in theirs if k in GFD_NAMES} | mig == named
+
+
+def test_the_cases_cover_every_value_that_used_to_differ() -> None:
+    """The cases above are the ones where gpufleet.io's values used to differ from GFD's: each differing
+    value shows up in them."""
+    seen = {(name, ours[f"gpufleet.io/{name}"]) for inv, strategy, sharing in _cases().values()
+            for ours in [node_labels(inv, "gpufleet.io", strategy, sharing)]
+            for name in ("gpu.product", "gpu.count", "gpu.memory", "gpu.model")}  # fmt: skip
+    assert {
+        ("gpu.product", "NVIDIA-H200-SHARED"),
+        ("gpu.product", "NVIDIA-H200-MIG-INVALID"),
+        ("gpu.product", "NVIDIA-H100-80GB-HBM3"),  # one model's on a node of several
+        ("gpu.product", "NVIDIA-A100-SXM4-40GB-SHARED"),
+        ("gpu.count", "0"),
+        ("gpu.memory", "0"),
+        ("gpu.count", "1"),  # the first GPU's model's GPUs on a node of several
+        ("gpu.model", "mixed"),  # gpufleet's own meaning, under its own name
+        ("gpu.model", "NVIDIA-H200"),  # never -SHARED or -MIG-...
+    } <= seen
+    assert not any(v.endswith("SHARED") or "-MIG-" in v for name, v in seen if name == "gpu.model")
 
 
 def test_mode_clique_vgpu_versions_and_machine() -> None:

@@ -26,6 +26,7 @@ def test_labels_describe_a_homogeneous_node() -> None:
     inv = replace(inv, gpus=tuple(replace(g, model="NVIDIA A100-SXM4-80GB") for g in inv.gpus))
     assert node_labels(inv) == {
         "gpufleet.io/gpu.present": "true",
+        "gpufleet.io/gpu.model": "NVIDIA-A100-SXM4-80GB",
         "gpufleet.io/gpu.count": "4",
         "gpufleet.io/gpu.product": "NVIDIA-A100-SXM4-80GB",
         "gpufleet.io/gpu.memory": "81920",
@@ -42,13 +43,16 @@ def test_labels_describe_a_homogeneous_node() -> None:
     }
 
 
-def test_mixed_node_promises_only_what_every_gpu_has() -> None:
+def test_a_mixed_node_says_mixed_in_gpu_model_and_gfds_pick_under_gfds_names() -> None:
+    """gpufleet's own `gpu.model` says `mixed`; `gpu.product`, `.count`, `.memory` and `.compute.*` are GFD's
+    names, so they carry GFD's values: one model's (the first GPU's), not `mixed` or the smallest."""
     inv = make_inventory(2, 16)
     big = replace(inv.gpus[1], model="Tesla V100-PCIE-32GB", memory_bytes=32 * GIB, cc=(7, 0))
     labels = node_labels(replace(inv, gpus=(inv.gpus[0], big)))
-    assert labels["gpufleet.io/gpu.product"] == "mixed"
-    assert labels["gpufleet.io/gpu.memory"] == "16384"
-    assert (labels["gpufleet.io/gpu.compute.major"], labels["gpufleet.io/gpu.compute.minor"]) == ("7", "0")
+    assert labels["gpufleet.io/gpu.model"] == "mixed"
+    assert labels["gpufleet.io/gpu.product"] == "NVIDIA-Test-GPU"
+    assert (labels["gpufleet.io/gpu.count"], labels["gpufleet.io/gpu.memory"]) == ("1", "16384")
+    assert (labels["gpufleet.io/gpu.compute.major"], labels["gpufleet.io/gpu.compute.minor"]) == ("8", "0")
     assert labels["gpufleet.io/gpu.nvlink"] == "false"
 
 

@@ -2,10 +2,10 @@
 
 Labels let pods select GPU models (`nodeSelector: {gpufleet.io/gpu.product: NVIDIA-A100-SXM4-80GB}`);
 the annotation gives the extender each GPU's memory, health and NVLinks (docs/handoff.md).
-On a node with mixed models the product label says `mixed` and memory/compute labels give the smallest
-GPU's values, so a selector never promises more than every GPU of the node has. Where a label of ours has
-a name gpu-feature-discovery also uses (after the domain), it has GFD's meaning. GFD's own label set, under
-`nvidia.com/`, comes from `gpufleet.deviceplugin.gfd` and is written beside ours (`labels.gfd`).
+Where a label of ours has a name gpu-feature-discovery also uses (after the domain), its value is GFD's,
+taken from `gpufleet.deviceplugin.gfd` (:data:`GFD_NAMES`); gpufleet's own meanings have names GFD does not
+use (`gpu.model`: every GPU's model, `mixed` on a node of several, whatever the sharing or MIG). GFD's own
+label set, under `nvidia.com/`, is written beside ours with `labels.gfd`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from gpufleet.deviceplugin import gfd
 from gpufleet.deviceplugin.rm.health import GpuHealth
-from gpufleet.deviceplugin.rm.model import MIB, NodeInventory
+from gpufleet.deviceplugin.rm.model import NodeInventory
 from gpufleet.handoff import (
     GPUS_ANNOTATION,
     LABEL_PREFIX,
@@ -35,59 +35,52 @@ from gpufleet.logs import log_event
 OWNED_LABEL_FAMILIES = ("gpu.", "driver.", "cuda.", "mig.", "mig-")
 
 
-def node_labels(inv: NodeInventory, prefix: str = LABEL_PREFIX, mig_strategy: str = "none") -> dict[str, str]:
-    """Labels describing the node's GPUs (empty when there are none); with a MIG strategy, the MIG labels
-    gpu-feature-discovery writes (see :func:`mig_labels`)."""
+# The names gpufleet writes under its prefix that gpu-feature-discovery also writes (after the domain). Their
+# values are GFD's, taken from :func:`gpufleet.deviceplugin.gfd.gfd_labels` and never computed a second time:
+# a selector on `gpufleet.io/gpu.product` matches where one on `nvidia.com/gpu.product` does, in every case
+# (time-slicing's `-SHARED`, a node of several models, `-MIG-INVALID`). `mig-<profile>.*` likewise.
+GFD_NAMES = (
+    "gpu.count", PRODUCT_LABEL_NAME, "gpu.memory", "gpu.compute.major", "gpu.compute.minor",
+    "cuda.runtime-version.major", "cuda.runtime-version.minor", "mig.strategy",
+)  # fmt: skip
+GFD_MIG_NAMES = ("count", "memory", "product")  # of each `mig-<profile>.` under mig.strategy mixed
+MODEL_LABEL_NAME = "gpu.model"  # gpufleet's own: every GPU's model, `mixed` with several; no GFD name
+
+
+def node_labels(
+    inv: NodeInventory,
+    prefix: str = LABEL_PREFIX,
+    mig_strategy: str = "none",
+    sharing: gfd.Sharing | None = None,
+    gfd_set: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Labels describing the node's GPUs (empty when there are none): gpufleet's own, and those of
+    :data:`GFD_NAMES` with GFD's values for this MIG strategy and sharing (``gfd_set``: GFD's labels already
+    computed for them, saving a second computation and its log lines)."""
     if not inv.gpus:
         return {}
-    smallest_cc = min(g.cc for g in inv.gpus)
-    driver = inv.driver_version.split(".")
+    theirs = gfd.gfd_labels(inv, mig_strategy, sharing) if gfd_set is None else gfd_set
     labels = {
         "gpu.present": "true",
-        "gpu.count": str(len(inv.gpus)),
-        PRODUCT_LABEL_NAME: product_label_value([g.model for g in inv.gpus]),
-        "gpu.memory": str(min(g.memory_bytes for g in inv.gpus) // MIB),  # MiB, as nvidia-smi prints
-        "gpu.compute.major": str(smallest_cc[0]),
-        "gpu.compute.minor": str(smallest_cc[1]),
+        MODEL_LABEL_NAME: product_label_value([g.model for g in inv.gpus]),
         "gpu.nvlink": "true" if any(g.nvlinks for g in inv.gpus) else "false",
         "gpu.nvswitch": "true" if inv.nvswitch_count else "false",
     }
     if inv.driver_version:
         labels["driver.version"] = label_value(inv.driver_version)
-        labels["driver.major"] = label_value(driver[0])  # NVML's text: never trusted to be a label value
-    if inv.cuda_driver_version:  # the CUDA version the driver supports: GFD's cuda.runtime-version.*
-        labels["cuda.runtime-version.major"] = str(inv.cuda_driver_version // 1000)
-        labels["cuda.runtime-version.minor"] = str(inv.cuda_driver_version % 1000 // 10)
-    labels.update(mig_labels(inv, mig_strategy))
+        labels["driver.major"] = label_value(inv.driver_version.split(".")[0])  # NVML's text, made a value
+    labels |= gfd_named(theirs)
     return {f"{prefix}/{k}": v for k, v in labels.items()}
 
 
-def mig_labels(inv: NodeInventory, strategy: str) -> dict[str, str]:
-    """gpu-feature-discovery's MIG labels (unprefixed), for strategies single and mixed:
-
-    - both: ``mig.strategy``;
-    - single, every GPU in MIG mode: the ``gpu.*`` labels describe the MIG devices: ``gpu.count`` is their
-      number, ``gpu.product`` the GPU's with ``-MIG-<profile>``, ``gpu.memory`` the MIG device's MiB;
-    - mixed: ``gpu.*`` keep describing whole GPUs and each profile gets ``mig-<profile>.count``,
-      ``.memory`` (MiB) and ``.product``; the profile as GFD spells it (``1g.18gb+me`` → ``1g.18gb.me``).
-    """
-    if strategy == "none":
-        return {}
-    out = {"mig.strategy": strategy}
-    migs = [m for g in inv.gpus for m in g.mig_devices]
-    product = product_label_value([g.model for g in inv.gpus])
-    if strategy == "single":
-        if migs and all(g.mig_enabled for g in inv.gpus):
-            profiles = sorted({gfd.gfd_profile(m.profile) for m in migs})
-            out["gpu.count"] = str(len(migs))
-            out[PRODUCT_LABEL_NAME] = label_value(f"{product}-MIG-{'-'.join(profiles)}")
-            out["gpu.memory"] = str(min(m.memory_bytes for m in migs) // MIB)
-        return out
-    for profile in sorted({gfd.gfd_profile(m.profile) for m in migs}):
-        of = [m for m in migs if gfd.gfd_profile(m.profile) == profile]
-        out[f"mig-{profile}.count"] = str(len(of))
-        out[f"mig-{profile}.memory"] = str(min(m.memory_bytes for m in of) // MIB)
-        out[f"mig-{profile}.product"] = label_value(f"{product}-MIG-{profile}")
+def gfd_named(theirs: Mapping[str, str]) -> dict[str, str]:
+    """Of GFD's labels (``nvidia.com/...``), those gpufleet also writes under its prefix, unprefixed."""
+    out = {}
+    for key, value in theirs.items():
+        name = key.removeprefix(f"{gfd.DOMAIN}/")
+        head, _, tail = name.rpartition(".")
+        if name in GFD_NAMES or (name.startswith("mig-") and tail in GFD_MIG_NAMES and head):
+            out[name] = value
     return out
 
 
@@ -200,12 +193,14 @@ class NodePublisher:
         if not inv.gpus:
             return
         strategy = self.mig_strategy() if self.mig_strategy is not None else "none"
-        labels, annotation = node_labels(inv, self.prefix, strategy), gpus_annotation(inv, health)
+        sharing = self.sharing() if self.sharing is not None else None
+        theirs = gfd.gfd_labels(inv, strategy, sharing)  # ours under GFD's names carry these values too
+        labels = node_labels(inv, self.prefix, strategy, sharing, theirs)
+        annotation = gpus_annotation(inv, health)
         if self.extra is not None:
             labels.update(self.extra())
         mode = self.gfd_mode() if self.gfd_mode is not None else "off"
-        sharing = self.sharing() if self.sharing is not None else None
-        wanted = gfd.gfd_labels(inv, strategy, sharing) if mode != "off" else {}
+        wanted = theirs if mode != "off" else {}
         state = (labels, annotation, mode, wanted)
         if self._written == state:
             return

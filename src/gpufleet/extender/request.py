@@ -249,7 +249,7 @@ def parse_pod(pod: Mapping[str, Any]) -> GpuRequest:
         if label in selector and not models:
             value = str(selector[label])
             if label == PRODUCT_LABEL and value == PRODUCT_MIXED:
-                continue  # the device plugin's label on a node with several models: no model wish
+                continue  # the plugin's value on a node of several models before session 18: no model wish
             models.append(model_tokens(value))
 
     min_cc = None
