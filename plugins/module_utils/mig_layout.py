@@ -15,6 +15,7 @@ import ctypes
 import json
 from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 try:
     import yaml
@@ -30,14 +31,17 @@ class LayoutError(ValueError):
 
 # -- profile tables ---------------------------------------------------------------------------------------
 # Per GPU-instance profile: compute slices, memory slices a placement covers, placement starts, most
-# instances. From NVIDIA's MIG user guide ("Supported MIG Profiles"); the driver has 8 memory slices and
-# 7 compute slices on these GPUs.
+# instances. The GPU's own answer comes first: NVML lists its profiles (nvmlDeviceGetGpuInstanceProfileInfo)
+# and their placements (nvmlDeviceGetGpuInstancePossiblePlacements) with MIG on or off, as a real H200 did
+# (tests/realgpu/h200-580.159.04*/nvml-probe.json). The tables below are the fallback for a driver that does
+# not answer: A100/H100 from NVIDIA's MIG user guide ("Supported MIG Profiles"), the H200's as the real one
+# listed them (`nvidia-smi mig -lgip`/`-lgipp`, NVML's profile infos). 8 memory and 7 compute slices on all.
+if TYPE_CHECKING:  # a subscripted tuple at run time would need Python 3.9; targets may have 3.8
+    Profile = tuple[int, int, tuple[int, ...], int]
 _EIGHTH = tuple(range(7))
 
 
-def _table(
-    small: str, mid: str, half: str, big: str, whole: str
-) -> dict[str, tuple[int, int, tuple[int, ...], int]]:
+def _table(small: str, mid: str, half: str, big: str, whole: str) -> dict[str, Profile]:
     return {
         f"1g.{small}": (1, 1, _EIGHTH, 7),
         f"1g.{small}+me": (1, 1, _EIGHTH, 1),
@@ -51,17 +55,27 @@ def _table(
 
 PROFILES_80GB = _table("10gb", "20gb", "40gb", "40gb", "80gb")
 PROFILES_40GB = _table("5gb", "10gb", "20gb", "20gb", "40gb")
+PROFILES_H200 = _table("18gb", "35gb", "71gb", "71gb", "141gb")
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
+# The models the fallback tables cover, for messages.
+TABLE_MODELS = "A100/A800 40GB and 80GB, H100/H800 80GB, NVIDIA H200"
 
 
-def profile_table(model: str) -> dict[str, tuple[int, int, tuple[int, ...], int]] | None:
-    """The MIG profile table of a GPU model as NVML names it; None when gpufleet has none for it."""
+def profile_table(model: str) -> dict[str, Profile] | None:
+    """gpufleet's MIG profile table of a GPU model as NVML names it; None when it has none for it."""
     if ("A100" in model or "H100" in model or "H800" in model or "A800" in model) and "80GB" in model:
         return PROFILES_80GB
     if ("A100" in model or "A800" in model) and "40GB" in model:
         return PROFILES_40GB
+    if model == "NVIDIA H200":  # the recorded name; H200 NVL and GH200 are not verified: NVML's table only
+        return PROFILES_H200
     return None
+
+
+def _order(table: dict[str, Profile]) -> dict[str, Profile]:
+    """Smallest profiles first, as `nvidia-smi mig -lgip` lists them."""
+    return dict(sorted(table.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])))
 
 
 # -- the config format ------------------------------------------------------------------------------------
@@ -233,18 +247,21 @@ def wanted_per_gpu(entries: list[dict], layout: str, gpus: list[dict]) -> dict[i
                 wanted[index] = want
                 continue
             if want["enabled"]:
-                table = profile_table(gpu["model"])
+                table = gpu.get("profiles") or profile_table(gpu["model"])
+                source = "as NVML lists them" if gpu.get("profiles") else "gpufleet's table for the model"
                 if table is None:
                     problems.append(
-                        f"{where}: GPU {index} ({gpu['model']}): no MIG profile table for this "
-                        "model, so the layout cannot be checked"
+                        f"{where}: GPU {index} ({gpu['model']}): NVML lists no MIG profiles for it and "
+                        f"gpufleet has no profile table for this model (it has tables for {TABLE_MODELS}), "
+                        "so the layout cannot be checked"
                     )
                     continue
                 unknown = sorted(p for p in want["devices"] if p not in table)
                 if unknown:
                     problems.append(
                         f"{where}: GPU {index} ({gpu['model']}) has no MIG profile "
-                        f"{', '.join(unknown)} (it has {', '.join(table)})"
+                        f"{', '.join(unknown)} (it offers {', '.join(_order(table))}, {source}; "
+                        "change the layout's mig-devices)"
                     )
                     continue
                 too_many = [
@@ -348,6 +365,7 @@ class MigNvml:
                 gpu["mig_supported"] = False
             else:
                 gpu["current"], gpu["pending"] = current == 1, pending == 1
+                gpu["profiles"] = self.nvml_profiles(h)
                 if gpu["current"]:
                     gpu["instances"], gpu["clean"] = self._instances(h)
             gpu["processes"] = self.processes(h, gpu["current"])
@@ -378,6 +396,27 @@ class MigNvml:
                 continue
             out[_text(info.name).replace("MIG ", "", 1)] = info
         return out
+
+    def nvml_profiles(self, h) -> dict[str, Profile] | None:
+        """The GPU's MIG profile table as NVML answers it (with MIG on or off), in the form of the fallback
+        tables; None when NVML lists no profile or no placements (a driver that does not answer them with
+        MIG off): the caller falls back to gpufleet's table for the model."""
+        nv = self.nv
+        table: dict[str, Profile] = {}
+        try:
+            profiles = self.gi_profiles(h)
+            for name, info in profiles.items():
+                placements = _placements(nv, h, info.id)
+                if not placements:
+                    return None
+                # One size per profile on every MIG GPU so far; the largest is the safe one to plan with
+                # (creating asks NVML for the size at the chosen start).
+                size = max(p.size for p in placements)
+                starts = tuple(sorted(p.start for p in placements))
+                table[name] = (int(info.sliceCount), int(size), starts, int(info.instanceCount))
+        except nv.NVMLError:
+            return None
+        return _order(table) or None
 
     def _compute_instances(self, gi) -> list[tuple[object, int]]:
         """(compute instance, its CI profile's slice count) in a GPU instance."""
@@ -478,13 +517,18 @@ class MigNvml:
         raise LayoutError(f"no compute-instance profile spans a {slices}-slice GPU instance")
 
 
-def _placement_size(nv, h, profile_id: int, start: int) -> int:
-    """The memory-slice size NVML gives profile `profile_id` at `start`."""
+def _placements(nv, h, profile_id: int) -> list:
+    """The placements (start, size in memory slices) NVML offers GPU-instance profile `profile_id`."""
     count = ctypes.c_uint(0)
     nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
     arr = (nv.c_nvmlGpuInstancePlacement_t * count.value)()
     nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, arr, ctypes.byref(count))
-    for p in arr:
+    return list(arr)[: count.value]
+
+
+def _placement_size(nv, h, profile_id: int, start: int) -> int:
+    """The memory-slice size NVML gives profile `profile_id` at `start`."""
+    for p in _placements(nv, h, profile_id):
         if p.start == start:
             return p.size
     raise LayoutError(

@@ -24,6 +24,7 @@ description:
   - Does not drain, cordon or label a Kubernetes node; M(gpufleet.nvidia.gpu_mig_node) does, and the role
     C(gpufleet.nvidia.nvidia_mig) runs both and installs a boot unit that re-applies the layout.
   - GPU-facing behaviour has been tested against gpufleet's NVML simulator, not against real GPUs.
+  - A profile the GPU does not offer fails the task naming the profiles it offers.
 author:
   - gpufleet contributors (@gpufleet)
 requirements:
@@ -54,7 +55,9 @@ attributes:
 notes:
   - NVML is reached through C(libnvidia-ml.so.1) as the dynamic loader finds it, so set E(LD_LIBRARY_PATH)
     through the play's C(environment) when the library is not in a standard place (as on simulated hosts).
-  - Profiles are checked against gpufleet's tables for A100/A800 40GB and 80GB and H100/H800 80GB.
+  - Profiles are checked against the GPU's own table, NVML's GPU-instance profiles and their placements
+    (answered with MIG on or off); where NVML lists none, against gpufleet's tables for A100/A800 40GB
+    and 80GB, H100/H800 80GB and the H200 (as a real H200 listed them).
 seealso:
   - name: NVIDIA MIG Partition Editor
     description: The config format.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -27,23 +28,16 @@ REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 sys.path.insert(0, str(ensure_collection_link()))
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_layout import (  # noqa: E402
+    PROFILES_H200,
     LayoutError,
     MigNvml,
     place,
     profile_table,
     refuse_busy,
+    wanted_per_gpu,
 )
 
-# Profile ids of A100-80GB / H100-80GB (docs/simulator.md, MIG).
-PROFILE_NAMES = {
-    19: "1g.10gb",
-    20: "1g.10gb+me",
-    15: "1g.20gb",
-    14: "2g.20gb",
-    9: "3g.40gb",
-    5: "4g.40gb",
-    0: "7g.80gb",
-}
+REALGPU = REPO / "tests/realgpu"
 A100_80GB, H100_80GB = "0x20B210DE", "0x233010DE"
 
 CONFIG = {
@@ -142,7 +136,17 @@ def run_sim_playbook(
         env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
     for name in ("GPUFLEET_SIM_ROOT", "GPUFLEET_HOST_ROOT", "GPUFLEET_SIM_BASE", "KUBECONFIG"):
         env.pop(name, None)
-    argv = [str(ANSIBLE_PLAYBOOK), "-i", "inventory/sim", str(playbook), "--limit", f"sim-{root.name}",
+    inventories = ["-i", "inventory/sim"]
+    # A root inventory/sim does not list (a fixture not in it yet, a fixture of a test's own) joins its group
+    # here, with the group's variables.
+    listed = yaml.safe_load((REPO / "inventory/sim/hosts.yml").read_text())["gpufleet_sim"]["hosts"]
+    if f"sim-{root.name}" not in listed:
+        hosts = root.parent.parent / "extra-hosts.yml"
+        hosts.write_text(
+            json.dumps({"gpufleet_sim": {"hosts": {f"sim-{root.name}": {"gpufleet_sim_fixture": root.name}}}})
+        )
+        inventories += ["-i", str(hosts)]
+    argv = [str(ANSIBLE_PLAYBOOK), *inventories, str(playbook), "--limit", f"sim-{root.name}",
             "-e", json.dumps(extra), *args]  # fmt: skip
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
 
@@ -165,9 +169,11 @@ def state(root: Path) -> dict[int, dict[str, Any]]:
     instances, from the root's `mig` file."""
     machine = simmachine.load_machine(root)
     out: dict[int, dict[str, Any]] = {}
+    names: dict[int, dict[int, str]] = {}  # per GPU: profile id -> name, from the fixture's MIG table
     for i, g in enumerate(machine["gpus"]):
         mode = g.get("mig_mode")
         out[i] = {"mode": None if mode is None else (mode["current"], mode["pending"]), "gi": [], "ci": []}
+        names[i] = {p["id"]: p["name"] for p in (g["mig"] or {"profiles": []})["profiles"]}
     path = root / "mig"
     lines = path.read_text().splitlines() if path.exists() else []
     for line in lines:
@@ -175,7 +181,7 @@ def state(root: Path) -> dict[int, dict[str, Any]]:
         if w and w[0] == "mode":
             out[int(w[1])]["mode"] = (int(w[2]), int(w[3]))
         elif w and w[0] == "gi":
-            out[int(w[1])]["gi"].append((int(w[4]), PROFILE_NAMES[int(w[3])], int(w[2])))
+            out[int(w[1])]["gi"].append((int(w[4]), names[int(w[1])][int(w[3])], int(w[2])))
         elif w and w[0] == "ci":
             out[int(w[1])]["ci"].append((int(w[2]), int(w[4]), int(w[5])))  # GI id, CI profile, start
     for s in out.values():
@@ -408,6 +414,167 @@ def test_stand_in_nvidia_smi_gpu_reset(sim_lib: Path, tmp_path: Path) -> None:
     assert missing_id.returncode == 2
 
 
+# -- the H200: its profiles as NVML lists them --------------------------------------------------------------
+
+H200_OFFERS = "1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb"
+H200_CONFIG = {
+    "version": "v1",
+    "mig-configs": {
+        "balanced": [
+            {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}}
+        ],
+        "custom": [
+            {"devices": [0], "mig-enabled": True, "mig-devices": {"4g.71gb": 1, "3g.71gb": 1}},
+            {"devices": [1, 2], "mig-enabled": True, "mig-devices": {"1g.18gb+me": 1, "1g.18gb": 6}},
+            {"devices": [3], "mig-enabled": True, "mig-devices": {"7g.141gb": 1}},
+            {"devices": [4], "mig-enabled": True, "mig-devices": {"1g.35gb": 4}},
+            {"devices": [5, 6, 7], "mig-enabled": False},
+        ],
+        "a100-names": CONFIG["mig-configs"]["all-1g.10gb"],
+        "too-many": [{"devices": [0], "mig-enabled": True, "mig-devices": {"1g.18gb+me": 2}}],
+    },
+}
+
+
+def h200_task(layout: str) -> dict[str, Any]:
+    return {"config": H200_CONFIG, "layout": layout}
+
+
+def test_h200_vm_applies_its_own_profiles_and_refuses_others_naming_them(
+    sim_lib: Path, tmp_path: Path
+) -> None:
+    """The recorded H200 (one GPU in a VM): NVML's profile table plans the layout; a profile of another
+    model is refused naming the seven the H200 offers, and nothing changes."""
+    root = materialize(sim_lib, tmp_path, "firecracker-vm-h200")
+    first, again, foreign, too_many = run(
+        root, [h200_task("balanced"), h200_task("balanced"), h200_task("a100-names"), h200_task("too-many")]
+    )
+    assert first["changed"] is True and not first.get("failed"), first.get("msg")
+    assert_layout(root, 0, {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1})
+    got = by_index(first)[0]
+    assert (got["model"], got["reset"]) == ("NVIDIA H200", False)  # Hopper: the mode applies at once
+    assert got["actions"] == ["enable MIG", "create 4 GPU instance(s)"]
+    assert got["after"] == {"mig": "enabled", "instances": ["2g.35gb", "1g.18gb", "1g.18gb", "3g.71gb"]}
+    assert again["changed"] is False
+    before = state(root)
+    assert foreign["failed"] is True
+    assert foreign["msg"] == (
+        "layout a100-names entry 0: GPU 0 (NVIDIA H200) has no MIG profile 1g.10gb "
+        f"(it offers {H200_OFFERS}, as NVML lists them; change the layout's mig-devices)"
+    )
+    assert too_many["failed"] is True and "1g.18gb+me x2 (at most 1)" in too_many["msg"]
+    assert state(root) == before
+
+
+def test_hgx_h200_custom_layout_per_index(sim_lib: Path, tmp_path: Path) -> None:
+    root = materialize(sim_lib, tmp_path, "hgx-h200")
+    (result,) = run(root, [h200_task("custom")])
+    assert result["changed"] is True and not result.get("failed"), result.get("msg")
+    assert_layout(root, 0, {"4g.71gb": 1, "3g.71gb": 1})
+    assert_layout(root, 1, {"1g.18gb+me": 1, "1g.18gb": 6})
+    assert_layout(root, 2, {"1g.18gb+me": 1, "1g.18gb": 6})
+    assert_layout(root, 3, {"7g.141gb": 1})
+    assert_layout(root, 4, {"1g.35gb": 4})
+    s = state(root)
+    assert all(s[g]["mode"] == (0, 0) for g in (5, 6, 7))
+    assert [g["changed"] for g in result["gpus"]] == [True] * 5 + [False] * 3
+
+
+def test_a_model_without_a_gpufleet_table_is_planned_from_nvml(sim_lib: Path, tmp_path: Path) -> None:
+    """A GPU whose name no fallback table knows (the H200 fixture under another name): the layout is
+    checked and applied with the profiles NVML lists."""
+    fixture = yaml.safe_load((simmachine.FIXTURE_DIR / "firecracker-vm-h200.yaml").read_text())
+    fixture["gpu"]["name"] = "NVIDIA H200 renamed by a test"
+    path = tmp_path / "h200-renamed.yaml"
+    path.write_text(yaml.safe_dump(fixture))
+    root = simmachine.materialize(path, tmp_path / "base" / "h200-renamed", library=sim_lib)
+    assert profile_table(fixture["gpu"]["name"]) is None
+    applied, foreign = run(root, [h200_task("balanced"), h200_task("a100-names")])
+    assert applied["changed"] is True and not applied.get("failed"), applied.get("msg")
+    assert_layout(root, 0, {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1})
+    assert f"has no MIG profile 1g.10gb (it offers {H200_OFFERS}, as NVML lists them" in foreign["msg"]
+
+
+def recorded_h200_table() -> dict[str, tuple[int, int, tuple[int, ...], int]]:
+    """The real H200's MIG profiles in mig_layout's form (compute slices, memory slices per placement,
+    starts, most instances): NVML's profile infos and placements as two H200s answered them with MIG off
+    (the first host's probe could not read placements; `nvidia-smi mig -lgipp` there listed them)."""
+    first = json.loads((REALGPU / "h200-580.159.04/nvml-probe.json").read_text())["devices"][0][
+        "mig_profiles"
+    ]
+    second = json.loads((REALGPU / "h200-580.159.04-host2/nvml-probe.json").read_text())["devices"][0]
+    lgipp = (REALGPU / "h200-580.159.04/smi-mig-lgipp.txt").read_text()
+    listed = {  # profile id -> [(start, size)] from `nvidia-smi mig -lgipp`
+        int(pid): [(int(start), int(size)) for start in starts.split(",")]
+        for pid, starts, size in re.findall(r"Profile ID\s+(\d+) Placements?\s*: \{([\d,]+)\}:(\d+)", lgipp)
+    }
+    table = {}
+    assert first.keys() == second["mig_profiles"].keys()
+    for index, entry in second["mig_profiles"].items():
+        assert ("ok" in entry) == ("ok" in first[index]), index  # the same profile indexes answered
+        if "ok" not in entry:
+            continue
+        info = entry["ok"]
+        assert info == first[index]["ok"]  # both H200s list the same profiles
+        placements = [tuple(p) for p in entry["placements"]["ok"]]
+        assert placements == listed[info["id"]]
+        (size,) = {size for _, size in placements}
+        starts = tuple(start for start, _ in placements)
+        table[info["name"].removeprefix("MIG ")] = (info["sliceCount"], size, starts, info["instanceCount"])
+    return table
+
+
+def test_gpufleets_h200_table_is_the_recorded_one(sim_lib: Path, tmp_path: Path) -> None:
+    """The fallback table equals what the real H200 listed, and so does NVML's table on the simulated H200
+    (read through MigNvml, as the module reads it)."""
+    recorded = recorded_h200_table()
+    assert len(recorded) == 7 and ", ".join(recorded) != H200_OFFERS  # NVML's index order is not -lgip's
+    assert recorded == PROFILES_H200
+    assert ", ".join(PROFILES_H200) == H200_OFFERS
+    assert profile_table("NVIDIA H200") is PROFILES_H200
+    root = materialize(sim_lib, tmp_path, "firecracker-vm-h200")
+    code = (
+        "import json, pynvml, sys; sys.path.insert(0, sys.argv[1]); import mig_layout; pynvml.nvmlInit(); "
+        "print(json.dumps([g['profiles'] for g in mig_layout.MigNvml(pynvml).gpus()]))"
+    )
+    utils = str(REPO / "plugins/module_utils")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, utils], env=simmachine.sim_env(root), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    (nvml,) = json.loads(proc.stdout)
+    assert list(nvml) == H200_OFFERS.split(", ")  # smallest first, as -lgip lists them
+    assert {name: (c, m, tuple(starts), n) for name, (c, m, starts, n) in nvml.items()} == recorded
+
+
+def test_without_nvmls_table_the_fallback_table_or_a_clear_refusal() -> None:
+    """Where NVML lists no profiles (profiles None), gpufleet's table for the model plans the layout; a
+    model without one is refused, saying which models have one."""
+
+    def gpu(model: str) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "model": model,
+            "pci_device_id": 0x233510DE,
+            "mig_supported": True,
+            "profiles": None,
+        }
+
+    entries = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 2, "4g.71gb": 1},
+                "device-filter": None}]  # fmt: skip
+    planned = wanted_per_gpu(entries, "mine", [gpu("NVIDIA H200")])
+    assert planned[0]["placement"] == [("4g.71gb", 0), ("1g.18gb", 4), ("1g.18gb", 5)]
+    with pytest.raises(LayoutError) as refused:
+        wanted_per_gpu([{**entries[0], "mig-devices": {"1g.10gb": 1}}], "mine", [gpu("NVIDIA H200")])
+    assert str(refused.value) == (
+        f"layout mine entry 0: GPU 0 (NVIDIA H200) has no MIG profile 1g.10gb (it offers {H200_OFFERS}, "
+        "gpufleet's table for the model; change the layout's mig-devices)"
+    )
+    with pytest.raises(LayoutError, match=r"GPU 0 \(NVIDIA B200\): NVML lists no MIG profiles for it and "
+                       r"gpufleet has no profile table for this model \(it has tables for A100"):  # fmt: skip
+        wanted_per_gpu(entries, "mine", [gpu("NVIDIA B200")])
+
+
 # -- in-process: the placement search and the process refusal ---------------------------------------------
 
 
@@ -485,3 +652,19 @@ def test_busy_gpus_that_would_change_are_refused() -> None:
     refuse_busy([(gpu(0, 2, ["3g.40gb", "3g.40gb"]), want), (gpu(1, 0, []), want)])
     with pytest.raises(LayoutError, match=r"processes use the GPU: GPU 2 \(1 process\(es\)\)"):
         refuse_busy([(gpu(0, 2, ["3g.40gb", "3g.40gb"]), want), (gpu(2, 1, ["7g.80gb"]), want)])
+
+
+class _Refusing:
+    """A driver that answers no profile info with MIG off (what the fallback tables are for)."""
+
+    NVMLError = Exception
+    NVMLError_NotSupported = _NotSupported
+    NVMLError_InvalidArgument = ValueError
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 15
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: str, index: int) -> object:
+        raise _NotSupported
+
+
+def test_nvml_without_profiles_gives_no_table() -> None:
+    assert MigNvml(_Refusing()).nvml_profiles("gpu0") is None

@@ -107,8 +107,8 @@ IDENTITY_FIELDS = {
     "Driver Version", "CUDA Version", "Attached GPUs", "Product Name", "Product Brand",
     "Product Architecture", "Display Attached", "Display Active", "Persistence Mode", "Addressing Mode",
     "Serial Number", "GPU UUID", "GPU PDI", "Minor Number", "VBIOS Version", "MultiGPU Board", "Board ID",
-    "Board Part Number", "Module Id", "Image Version", "OEM Object", "ECC Object", "GPU C2C Mode",
-    "Virtualization Mode", "GSP Firmware Version",
+    "Board Part Number", "GPU Part Number", "Module Id", "Image Version", "OEM Object", "ECC Object",
+    "GPU C2C Mode", "Virtualization Mode", "GSP Firmware Version",
     "Bus", "Device", "Domain", "Device Id", "Bus Id", "Sub System Id", "Base Classcode", "Sub Classcode",
     "Compute Mode", "Current Power Limit", "Default Power Limit", "Min Power Limit", "Max Power Limit",
     "Performance State", "Idle",
@@ -140,6 +140,8 @@ def test_query_has_the_recorded_fields_in_order(h200: Path) -> None:
               if label in IDENTITY_FIELDS and g != w}
     assert differ == {}
     assert (len(want), sum(v is None for *_, v in want)) == (253, 47)  # fields, headings (not vacuous)
+    assert sum(label in IDENTITY_FIELDS for _, label, _ in want) == 45  # identity values compared
+    assert ("GPU Part Number", "2335-895-A1") in [(label, v) for _, label, v in got]
 
 
 def _xml_tags(text: str) -> list[tuple[int, str]]:
@@ -166,7 +168,8 @@ def test_query_xml_has_the_recorded_elements_in_order(h200: Path) -> None:
     got, want = ET.fromstring(proc.stdout), ET.fromstring(want_text)
     assert got.find("gpu").attrib == want.find("gpu").attrib == {"id": "00000000:00:06.0"}
     for path in ("driver_version", "cuda_version", "attached_gpus", "gpu/product_name", "gpu/uuid",
-                 "gpu/serial", "gpu/pdi", "gpu/board_id", "gpu/board_part_number", "gpu/vbios_version",
+                 "gpu/serial", "gpu/pdi", "gpu/board_id", "gpu/board_part_number", "gpu/gpu_part_number",
+                 "gpu/vbios_version",
                  "gpu/mig_mode/current_mig",
                  "gpu/pci/pci_device_id", "gpu/pci/pci_sub_system_id", "gpu/fb_memory_usage/total",
                  "gpu/fb_memory_usage/reserved", "gpu/bar1_memory_usage/total", "gpu/bar1_memory_usage/used",

@@ -39,6 +39,7 @@ from gpufleet.gpu import (
 )
 from gpufleet.gpu import pci as pci_scan
 from gpufleet.gpu.topology import build
+from gpufleet_harness.sim import machine as simmachine
 from gpufleet_harness.sim import smi_query
 from gpufleet_harness.sim.smi_query import Reader
 
@@ -54,6 +55,7 @@ LIBRARY_NOT_FOUND = (
     "Display Driver is properly installed and present in your system.\n"
     "Please also try adding directory that contains libnvidia-ml.so to your system PATH."
 )
+SIM_DEFAULT_ROOT = "/etc/gpufleet-sim"  # the simulated library's root without GPUFLEET_SIM_ROOT (sim.h)
 EXIT_BAD_ARGUMENT = 2
 EXIT_NOT_FOUND = 6
 EXIT_GPU_LOST = 15
@@ -708,8 +710,22 @@ class Output:
     for_people: bool = False
 
 
+def part_numbers() -> dict[str, str]:
+    """GPU part numbers by UUID, from the sim root's machine.json (the root the library reads: the
+    environment's, else its default). No NVML getter answers the part number, which the real nvidia-smi
+    prints (2335-895-A1 on the recorded H200); {} where the machine cannot be read: N/A, as before."""
+    root = os.environ.get("GPUFLEET_SIM_ROOT") or SIM_DEFAULT_ROOT
+    try:
+        gpus = simmachine.load_machine(root)["gpus"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {g["uuid"]: g["gpu_part_number"] for g in gpus if isinstance(g, dict) and g.get("gpu_part_number")}
+
+
 def _query(session: Session, rows: list[Row], xml: bool) -> str:
-    gpus = [smi_query.QueryGpu(nvml_bus_id(row.gpu.pci_bus_id), row.reader) for row in rows]
+    parts = part_numbers()
+    gpus = [smi_query.QueryGpu(nvml_bus_id(row.gpu.pci_bus_id), row.reader, parts.get(row.gpu.uuid or ""))
+            for row in rows]  # fmt: skip
     major = int(session.nvml_version.split(".")[0]) if session.nvml_version[:1].isdigit() else 0
     render = smi_query.query_xml if xml else smi_query.query_text
     return render(timestamp(), session.driver_version, session.cuda_version, major, gpus)

@@ -240,8 +240,9 @@ def _hex_both(value: int | None, width: int) -> tuple[str, str] | None:
 # -- the -q tree of one GPU -------------------------------------------------------------------------------
 
 
-def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
-    """The fields nvidia-smi 580 prints for one GPU, in its order."""
+def gpu_nodes(r: Reader, driver_version: str, nvml_major: int, part_number: str | None = None) -> list[Node]:
+    """The fields nvidia-smi 580 prints for one GPU, in its order. `part_number`: the GPU part number, which
+    no NVML getter answers (nvidia-smi has it from the driver; the stand-in from the machine)."""
     pci = r.get("nvmlDeviceGetPciInfo")
     mig = r.get("nvmlDeviceGetMigMode")
     mem = _memory_v2(r)
@@ -315,7 +316,7 @@ def gpu_nodes(r: Reader, driver_version: str, nvml_major: int) -> list[Node]:
         F("MultiGPU Board", "multigpu_board", _yes(r.get("nvmlDeviceGetMultiGpuBoard"))),
         F("Board ID", "board_id", None if board_id is None else f"0x{board_id:x}"),
         F("Board Part Number", "board_part_number", r.get("nvmlDeviceGetBoardPartNumber")),
-        F("GPU Part Number", "gpu_part_number", None),
+        F("GPU Part Number", "gpu_part_number", part_number),
         F("FRU Part Number", "gpu_fru_part_number", None),
         G("Platform Info", "platformInfo", F("Chassis Serial Number", "chassis_serial_number", None),
           F("Slot Number", "slot_number", None), F("Tray Index", "tray_index", None),
@@ -576,10 +577,11 @@ def _uuid(raw: bytes) -> str:
 
 @dataclass
 class QueryGpu:
-    """One GPU of a -q: its bus id and reader (None: the GPU is lost)."""
+    """One GPU of a -q: its bus id, reader (None: the GPU is lost) and part number (None: N/A)."""
 
     bus_id: str
     reader: Reader | None
+    part_number: str | None = None
 
 
 def query_text(timestamp: str, driver: str, cuda: str, nvml_major: int, gpus: Sequence[QueryGpu]) -> str:
@@ -592,7 +594,7 @@ def query_text(timestamp: str, driver: str, cuda: str, nvml_major: int, gpus: Se
         if gpu.reader is None:
             lines.append(f"{INDENT}Unable to determine the device handle for GPU{gpu.bus_id}: GPU is lost")
         else:
-            lines.extend(render_text(gpu_nodes(gpu.reader, driver, nvml_major), 1))
+            lines.extend(render_text(gpu_nodes(gpu.reader, driver, nvml_major, gpu.part_number), 1))
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -606,7 +608,7 @@ def query_xml(timestamp: str, driver: str, cuda: str, nvml_major: int, gpus: Seq
     for gpu in gpus:
         lines.append(f'\t<gpu id="{escape(gpu.bus_id)}">')
         if gpu.reader is not None:
-            lines.extend(render_xml(gpu_nodes(gpu.reader, driver, nvml_major), 2))
+            lines.extend(render_xml(gpu_nodes(gpu.reader, driver, nvml_major, gpu.part_number), 2))
         lines.append("\t</gpu>")
     lines += ["", "</nvidia_smi_log>"]
     return "\n".join(lines) + "\n"
