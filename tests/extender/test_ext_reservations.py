@@ -325,6 +325,59 @@ def test_settled_reservations_give_way_to_the_watch_or_expire() -> None:
     assert state.inspect_node("n1")["gpus"][0]["used_gib"] == 0
 
 
+def test_a_relist_without_the_pod_releases_its_decided_and_settled_reservations() -> None:
+    """A reservation never outlives its pod, also when the deletion came during a watch gap (410 Gone, an
+    error) and is seen only as the pod's absence from the relist. A binding reservation stays (its bind fails
+    on the missing pod and undoes it), and so does one made after the list began: its pod may be newer than
+    the list's snapshot."""
+    now = [1_700_000_000.0]
+    state = ClusterState(clock=lambda: now[0])
+    state.replace_nodes([node("n1", machine("a", 1, mem=80))])
+    objs = {name: pod(name, mem=[8]) for name in ("decided", "settled", "binding", "kept", "late")}
+    state.replace_pods(objs.values())
+
+    def reserve(name: str, stage: str) -> None:
+        req = parse_pod(objs[name])
+        assert state.plan_and_reserve(req, state.entry("n1").info, Policy.BINPACK, now[0], stage).placement
+
+    reserve("decided", "decided")
+    reserve("settled", "binding")
+    state.settle("uid-default-settled")
+    reserve("binding", "binding")
+    reserve("kept", "decided")
+    assert state.inspect_node("n1")["gpus"][0]["used_gib"] == 32
+
+    def relist() -> Any:  # only "kept" is still there; "late" is decided while the list is applied
+        yield objs["kept"]
+        reserve("late", "decided")
+
+    state.replace_pods(relist())
+    held = {uid: r.stage for uid, r in state.locks.reservations.items()}
+    assert held == {
+        "uid-default-binding": "binding",
+        "uid-default-kept": "decided",
+        "uid-default-late": "decided",
+    }
+    assert state.inspect_node("n1")["gpus"][0]["used_gib"] == 24
+
+
+def test_a_relist_that_fails_halfway_releases_nothing() -> None:
+    now = [1_700_000_000.0]
+    state = ClusterState(clock=lambda: now[0])
+    state.replace_nodes([node("n1", machine("a", 1, mem=80))])
+    obj = pod("p", mem=[8])
+    state.replace_pods([obj])
+    assert state.plan_and_reserve(parse_pod(obj), state.entry("n1").info, Policy.BINPACK, now[0], "decided")
+
+    def broken() -> Any:
+        raise ConflictError("the list broke off")
+        yield  # a generator
+
+    with pytest.raises(ConflictError):
+        state.replace_pods(broken())
+    assert state.reservation_count("decided") == 1
+
+
 def test_reservation_table_settings() -> None:
     settings = load_settings(env={})
     assert (settings.decision_ttl, settings.max_reservations) == (30.0, 10_000)
