@@ -137,6 +137,60 @@ def test_a_burst_that_fits_binds_every_pod_with_no_refusal(cluster, fleet, start
     assert ext.state.reservation_count() == 0
 
 
+class SlowDevicePlugin(DevicePlugin):
+    """Plays every node's device plugin with hand-offs of `seconds` each: a lock holder bound to its node is
+    allocated (and the lock released) that long after the plugin first sees it."""
+
+    def __init__(self, cluster: InMemoryCluster, seconds: float) -> None:
+        super().__init__(cluster)
+        self.seconds = seconds
+
+    def _run(self) -> None:
+        seen: dict[tuple[str, str], float] = {}
+        while not self.stop.wait(0.005):
+            bound = {
+                (p["metadata"]["uid"], p["spec"]["nodeName"])
+                for p in self.cluster.pods()
+                if p["spec"].get("nodeName")
+            }
+            for name in [n["metadata"]["name"] for n in self.cluster.snapshot()[0]]:
+                lock = (self.cluster.node(name)["metadata"].get("annotations") or {}).get(
+                    "gpufleet.io/bind-lock"
+                )
+                holder = (lock.split()[0], name) if lock else None
+                if holder is None or holder not in bound:
+                    continue
+                first = seen.setdefault(holder, time.monotonic())
+                if time.monotonic() - first >= self.seconds:
+                    self.cluster.complete_allocations(name)
+
+
+def test_a_burst_that_fits_gets_no_node_busy_refusal_at_the_default_bind_wait(
+    cluster, start_extender
+) -> None:  # type: ignore[no-untyped-def]
+    """Hand-offs of 0.3 s each and 40 pods of 4 GiB for 4 nodes of 80 GiB: binpack alone would queue 20 binds
+    on the first node, 6 s of hand-offs, past the default bind_wait (5 s), and refuse the last as node_busy.
+    Filter's queue rule (a node's queue of hand-offs at the estimate within half of bind_wait, else the next
+    node, else wait filter_wait) must keep every bind within bind_wait: all 40 bound, none refused, nothing
+    over-committed. A correctness check at the default settings, not a timing assertion."""
+    names = [f"n{i}" for i in range(4)]
+    for name in names:
+        cluster.add_node(node(name, machine(name, 1, mem=80)))
+    cluster.latency = 0.001
+    pods = [pod(f"p{i:02d}", mem=[4]) for i in range(40)]
+    for p in pods:
+        cluster.add_pod(p)
+    ext = start_extender()  # bind_wait 5, lock_wait 3, filter_wait 2: the defaults
+    with SlowDevicePlugin(cluster, 0.3):
+        errors = burst(ext, cluster, pods, names)
+    settle(cluster)
+    assert errors == []
+    assert ext.metrics.get("gpufleet_extender_binds_total", result="error", reason="node_busy") == 0
+    assert ext.metrics.get("gpufleet_extender_binds_total", result="ok", reason="") == 40
+    assert all(gib <= 80 for gib in used_by_annotations(cluster).values())
+    assert sum(used_by_annotations(cluster).values()) == 160
+
+
 def test_a_burst_across_an_extender_restart_loses_and_doubles_nothing(cluster, fleet, start_extender) -> None:  # type: ignore[no-untyped-def]
     """Half the burst decided and bound by one extender, which then stops with decisions outstanding; a
     new one rebuilds from the annotations and binds the rest, also the pods the old one decided."""
