@@ -30,13 +30,14 @@ Issue 32's figure: ``--nodes 5000 --pods 1000 --restart-extender-after 500`` on 
 are created ``--create-threads`` at a time (four API calls each); a node's kubelet stand-in starts with its
 first pod.
 
-Reported per burst: time from the first create to the last bind, binds per second, p50/p90 bind latency
-(pod created -> watch shows it bound), creation time, bind rejections (kube-scheduler's "Binding rejected"
-log lines, and the extender's own ``bind_failed`` events by reason), filter errors, CPU seconds of
-kube-apiserver, etcd, kube-scheduler, the extender and this process (the watch and the kubelet stand-in)
-from /proc, API server CPU per bind, nodes used (binpack: the fewest that hold the pods is
-``ceil(pods / (gpus * (gpu_gib // ask)))``), over-committed GPUs (checked on every watched change and at
-the end, again from a list of the pods) and refused ``Allocate`` calls, and the time creating the nodes took.
+Reported per burst: time from the first create to the last bind, binds per second, p50/p90 bind latency (pod
+created -> watch shows it bound), creation time, bind rejections (kube-scheduler's "Failed to bind pod" log
+lines, 1.20's and 1.37's alike: ``scheduler_rejections``; and the extender's own ``bind_failed`` events by
+reason), filter errors, CPU seconds of kube-apiserver, etcd, kube-scheduler, the extender and this process
+(the watch and the kubelet stand-in) from /proc, API server CPU per bind, nodes used (binpack: the fewest that
+hold the pods is ``ceil(pods / (gpus * (gpu_gib // ask)))``), over-committed GPUs (checked on every watched
+change and at the end, again from a list of the pods) and refused ``Allocate`` calls, and the time creating
+the nodes took.
 Figures, not assertions.
 
 Kubernetes: the lab's cached build (``gpufleet lab build``; ``--k8s-version`` picks a cache entry,
@@ -414,15 +415,27 @@ class ExtenderProcess:
 
 
 def scheduler_rejections(log_path: Path) -> tuple[int, int]:
-    """kube-scheduler's log: bind rejections and other scheduling errors (extender filter errors)."""
-    rejected = errors = 0
+    """kube-scheduler's log: bind rejections, and the other scheduling errors (extender filter errors).
+
+    Every failed binding cycle logs "Failed to bind pod" at verbosity 1 (the harness runs the scheduler at
+    2): 1.20 (scheduler.go ``finishBinding``, "Failed to bind pod: ns/name") and 1.37 (schedule_one.go
+    ``finishBinding``, ``"Failed to bind pod" pod="ns/name"``). Each failure, of a bind or of a filter, also
+    logs one "Error scheduling pod; retrying": 1.20 wraps a bind's error as "binding rejected: <error>", 1.37
+    passes it through as it is (an extender's ``Error`` text, or the HTTP client's error for its bind URL),
+    so on 1.37 only the "Failed to bind pod" lines tell binds from filters. Rejections: the larger of the two
+    counts (1.20's wrapper is logged at any verbosity); other errors: the rest of the "Error scheduling pod"
+    lines."""
+    failed = wrapped = errors = 0
     for line in log_path.read_text(errors="replace").splitlines():
         lowered = line.lower()
-        if "binding rejected" in lowered:
-            rejected += 1
+        if "failed to bind pod" in lowered:
+            failed += 1
         elif "error scheduling pod" in lowered:
             errors += 1
-    return rejected, errors
+            if "binding rejected" in lowered:
+                wrapped += 1
+    rejected = max(failed, wrapped)
+    return rejected, max(0, errors - rejected)
 
 
 def api_version_for(artifacts: K8sArtifacts) -> str:

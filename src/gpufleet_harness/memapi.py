@@ -9,11 +9,12 @@ as they would against a real API server. Faults can be injected per operation, a
 
 from __future__ import annotations
 
+import collections
 import copy
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,16 @@ class _Fault:
 class _Watcher:
     def __init__(self) -> None:
         self.events: queue.Queue[Event] = queue.Queue()
+        # Events of a lagging kind, taken off the queue but not delivered yet, oldest first.
+        self.held: collections.deque[Event] = collections.deque()
+
+    def ready(self, lagging: Collection[str]) -> Event | None:
+        """The oldest held event whose kind no longer lags, taken off the held ones."""
+        for event in self.held:
+            if event[0] not in lagging:
+                self.held.remove(event)
+                return event
+        return None
 
 
 class InMemoryCluster:
@@ -66,6 +77,10 @@ class InMemoryCluster:
         self.unreachable = False
         # While set, watchers hold their events back: a replica whose watch lags.
         self.paused = False
+        # Kinds ("node", "pod") whose watch events every watcher holds back while the others flow: the
+        # API server's watches of nodes and of pods are separate streams, and under load one lags behind
+        # the other. Once a kind leaves the set its held events follow, in order.
+        self.lagging: set[str] = set()
 
     # ------------------------------------------------------------------ helpers for tests
 
@@ -259,10 +274,16 @@ class InMemoryCluster:
                 if self.paused:
                     stop.wait(0.01)
                     continue
-                try:
-                    kind, change, obj = watcher.events.get(timeout=0.05)
-                except queue.Empty:
-                    continue
+                event = watcher.ready(self.lagging)
+                if event is None:
+                    try:
+                        event = watcher.events.get(timeout=0.05)
+                    except queue.Empty:
+                        continue
+                    if event[0] in self.lagging:
+                        watcher.held.append(event)  # still counted as undelivered (wait_delivered)
+                        continue
+                kind, change, obj = event
                 while self.paused and not stop.is_set():  # paused while this event was awaited
                     stop.wait(0.01)
                 try:

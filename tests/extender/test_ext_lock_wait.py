@@ -281,3 +281,43 @@ def test_a_hand_off_ranks_a_node_last_only_when_another_matches_the_pods_wish(  
     settle(cluster)
     assignment = json.loads(pod_now(cluster, "best")["metadata"]["annotations"][ASSIGNMENT])
     assert assignment["containers"][0]["gpus"] == ["GPU-a10"]
+
+
+def test_a_bind_behind_a_lagging_node_watch_waits_for_the_hand_off_instead_of_refusing(
+    two_nodes, start_extender
+) -> None:  # type: ignore[no-untyped-def]
+    """The API server's node and pod watches are separate streams; under load the node's lags. A bind whose
+    cache shows the node before another replica's bind-lock gets a 409, reads the node, sees that lock: it
+    must wait for the hand-off (the holder is bound), not compare against its older cache, patch with it
+    again and again and give up as "lock_conflict" within milliseconds."""
+    cluster = two_nodes
+    cluster.add_pod(pod("h", mem=[4]))
+    cluster.add_pod(pod("q", mem=[4]))
+    ext = start_extender(lock_wait=5)
+    other = start_extender(lock_wait=5)
+    settle(cluster)
+    cluster.lagging.add("node")  # node events are held back from now on; pod events flow
+    assert bind(other, "h", "n1") == ""  # the other replica locks n1 and binds h there
+    assert LOCK in cluster.node("n1")["metadata"]["annotations"]
+
+    def device_plugin() -> None:  # allocates h once q's bind waits for the hand-off
+        deadline = time.monotonic() + 5
+        while ext.metrics.get("gpufleet_extender_lock_waits_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cluster.complete_allocations("n1")
+
+    plugin = threading.Thread(target=device_plugin)
+    plugin.start()
+    error = bind(ext, "q", "n1")
+    plugin.join()
+    assert error == ""
+    assert pod_now(cluster, "q")["spec"]["nodeName"] == "n1"
+    assert cluster.node("n1")["metadata"]["annotations"][LOCK].startswith("uid-default-q ")
+    # One 409 from the cache behind the other replica's lock, then no more: nothing patched with a cache
+    # known to be older than what was read.
+    assert ext.metrics.get("gpufleet_extender_lock_conflicts_total") == 1
+    assert ext.metrics.get("gpufleet_extender_lock_waits_total") == 1
+    cluster.lagging.clear()
+    settle(cluster)
+    used = {g["uuid"]: g["used_gib"] for g in ext.state.inspect_node("n1")["gpus"]}
+    assert sum(used.values()) == 8

@@ -137,6 +137,60 @@ def test_a_burst_that_fits_binds_every_pod_with_no_refusal(cluster, fleet, start
     assert ext.state.reservation_count() == 0
 
 
+class SlowDevicePlugin(DevicePlugin):
+    """Plays every node's device plugin with hand-offs of `seconds` each: a lock holder bound to its node is
+    allocated (and the lock released) that long after the plugin first sees it."""
+
+    def __init__(self, cluster: InMemoryCluster, seconds: float) -> None:
+        super().__init__(cluster)
+        self.seconds = seconds
+
+    def _run(self) -> None:
+        seen: dict[tuple[str, str], float] = {}
+        while not self.stop.wait(0.005):
+            bound = {
+                (p["metadata"]["uid"], p["spec"]["nodeName"])
+                for p in self.cluster.pods()
+                if p["spec"].get("nodeName")
+            }
+            for name in [n["metadata"]["name"] for n in self.cluster.snapshot()[0]]:
+                lock = (self.cluster.node(name)["metadata"].get("annotations") or {}).get(
+                    "gpufleet.io/bind-lock"
+                )
+                holder = (lock.split()[0], name) if lock else None
+                if holder is None or holder not in bound:
+                    continue
+                first = seen.setdefault(holder, time.monotonic())
+                if time.monotonic() - first >= self.seconds:
+                    self.cluster.complete_allocations(name)
+
+
+def test_a_burst_that_fits_gets_no_node_busy_refusal_at_the_default_bind_wait(
+    cluster, start_extender
+) -> None:  # type: ignore[no-untyped-def]
+    """Hand-offs of 0.3 s each and 40 pods of 4 GiB for 4 nodes of 80 GiB: binpack alone would queue 20 binds
+    on the first node, 6 s of hand-offs, past the default bind_wait (5 s), and refuse the last as node_busy.
+    Filter's queue rule (a node's queue of hand-offs at the estimate within half of bind_wait, else the next
+    node, else wait filter_wait) must keep every bind within bind_wait: all 40 bound, none refused, nothing
+    over-committed. A correctness check at the default settings, not a timing assertion."""
+    names = [f"n{i}" for i in range(4)]
+    for name in names:
+        cluster.add_node(node(name, machine(name, 1, mem=80)))
+    cluster.latency = 0.001
+    pods = [pod(f"p{i:02d}", mem=[4]) for i in range(40)]
+    for p in pods:
+        cluster.add_pod(p)
+    ext = start_extender()  # bind_wait 5, lock_wait 3, filter_wait 2: the defaults
+    with SlowDevicePlugin(cluster, 0.3):
+        errors = burst(ext, cluster, pods, names)
+    settle(cluster)
+    assert errors == []
+    assert ext.metrics.get("gpufleet_extender_binds_total", result="error", reason="node_busy") == 0
+    assert ext.metrics.get("gpufleet_extender_binds_total", result="ok", reason="") == 40
+    assert all(gib <= 80 for gib in used_by_annotations(cluster).values())
+    assert sum(used_by_annotations(cluster).values()) == 160
+
+
 def test_a_burst_across_an_extender_restart_loses_and_doubles_nothing(cluster, fleet, start_extender) -> None:  # type: ignore[no-untyped-def]
     """Half the burst decided and bound by one extender, which then stops with decisions outstanding; a
     new one rebuilds from the annotations and binds the rest, also the pods the old one decided."""
@@ -323,6 +377,59 @@ def test_settled_reservations_give_way_to_the_watch_or_expire() -> None:
     now[0] += 2
     assert state.sweep() == ["uid-default-p"]
     assert state.inspect_node("n1")["gpus"][0]["used_gib"] == 0
+
+
+def test_a_relist_without_the_pod_releases_its_decided_and_settled_reservations() -> None:
+    """A reservation never outlives its pod, also when the deletion came during a watch gap (410 Gone, an
+    error) and is seen only as the pod's absence from the relist. A binding reservation stays (its bind fails
+    on the missing pod and undoes it), and so does one made after the list began: its pod may be newer than
+    the list's snapshot."""
+    now = [1_700_000_000.0]
+    state = ClusterState(clock=lambda: now[0])
+    state.replace_nodes([node("n1", machine("a", 1, mem=80))])
+    objs = {name: pod(name, mem=[8]) for name in ("decided", "settled", "binding", "kept", "late")}
+    state.replace_pods(objs.values())
+
+    def reserve(name: str, stage: str) -> None:
+        req = parse_pod(objs[name])
+        assert state.plan_and_reserve(req, state.entry("n1").info, Policy.BINPACK, now[0], stage).placement
+
+    reserve("decided", "decided")
+    reserve("settled", "binding")
+    state.settle("uid-default-settled")
+    reserve("binding", "binding")
+    reserve("kept", "decided")
+    assert state.inspect_node("n1")["gpus"][0]["used_gib"] == 32
+
+    def relist() -> Any:  # only "kept" is still there; "late" is decided while the list is applied
+        yield objs["kept"]
+        reserve("late", "decided")
+
+    state.replace_pods(relist())
+    held = {uid: r.stage for uid, r in state.locks.reservations.items()}
+    assert held == {
+        "uid-default-binding": "binding",
+        "uid-default-kept": "decided",
+        "uid-default-late": "decided",
+    }
+    assert state.inspect_node("n1")["gpus"][0]["used_gib"] == 24
+
+
+def test_a_relist_that_fails_halfway_releases_nothing() -> None:
+    now = [1_700_000_000.0]
+    state = ClusterState(clock=lambda: now[0])
+    state.replace_nodes([node("n1", machine("a", 1, mem=80))])
+    obj = pod("p", mem=[8])
+    state.replace_pods([obj])
+    assert state.plan_and_reserve(parse_pod(obj), state.entry("n1").info, Policy.BINPACK, now[0], "decided")
+
+    def broken() -> Any:
+        raise ConflictError("the list broke off")
+        yield  # a generator
+
+    with pytest.raises(ConflictError):
+        state.replace_pods(broken())
+    assert state.reservation_count("decided") == 1
 
 
 def test_reservation_table_settings() -> None:

@@ -314,18 +314,25 @@ class Binder:
         """Write our bind-lock on the node; return the node as locked and the lock's expiry.
 
         Another pod's live lock fails the bind at once, unless its hand-off is about to finish
-        (`ClusterState.lock_blocks`): then the bind waits for the watch to show it gone, up to `lock_wait`
+        (`ClusterState.lock_blocks`): then the bind waits for the lock to go, up to `lock_wait`
         seconds or what its turn left of `bind_wait + lock_wait` (`budget_end`), holding its reservation and
-        the node's turn meanwhile. The precondition is the Node's
-        resourceVersion as the watch shows it; a 409 (the watch was behind) reads the node and tries again.
+        the node's turn meanwhile. The precondition is the Node's resourceVersion as the watch shows it; a
+        409 (the watch was behind) reads the node and tries again.
+
+        The node's watch is a stream of its own and may lag behind the pods' (an API server under load):
+        once a read has shown the node newer than the cache, that read is the node as known (`known`) until
+        the watch reaches it, so an older cache is neither waited on as if it had moved nor patched with (a
+        certain 409). While the cache is behind, the wait ends when the watch catches up, when the lock
+        holder's pod shows its containers allocated (the device plugin releases the lock next), or after
+        at most a second; then the node is read once more.
         """
         deadline = max(time.monotonic() + self.lock_wait, budget_end) if self.lock_wait > 0 else 0.0
         conflicts = 0
         waited = False
-        fresh: NodeInfo | None = None
+        known: NodeInfo | None = None  # a read newer than the cache, until the watch reaches it
+        nudged: set[str] = set()  # lock holders whose allocation already prompted a read
         while True:
-            info = fresh or self._cached_node(node)
-            fresh = None
+            info = known if known is not None else self._cached_node(node)
             lock = info.lock
             now = self.clock()
             if lock is not None and lock.live(now) and lock.pod_uid != req.uid:
@@ -335,8 +342,20 @@ class Binder:
                     if not waited:
                         waited = True
                         self.metrics.inc("gpufleet_extender_lock_waits_total")
-                    moved = functools.partial(self._lock_moved, node, lock.pod_uid, info.resource_version)
+                    moved = functools.partial(
+                        self._lock_moved,
+                        node,
+                        lock.pod_uid,
+                        info.resource_version,
+                        known,
+                        lock.pod_uid not in nudged,
+                    )
                     self.state.wait_until(("node", node), moved, min(deadline, time.monotonic() + 1.0))
+                    if known is not None:
+                        with self.state.lock:
+                            if self._holder_allocated(lock.pod_uid):
+                                nudged.add(lock.pod_uid)
+                        known = self._catch_up(node, known)
                     continue
                 raise BindError(
                     f"node {node} busy: GPU-memory hand-off in progress for {lock.pod_key} "
@@ -349,15 +368,15 @@ class Binder:
                     node, {BIND_LOCK_ANNOTATION: mine.format()}, info.resource_version
                 )
             except ConflictError:
-                # Someone wrote the node since the watch showed it: a kubelet status update, the device
-                # plugin releasing a lock, or another binder.
+                # Someone wrote the node since we last saw it: a kubelet status update, the device plugin
+                # releasing a lock, another binder, or a write the watch has not delivered yet.
                 self.metrics.inc("gpufleet_extender_lock_conflicts_total")
                 conflicts += 1
                 if conflicts >= LOCK_ATTEMPTS:
                     raise BindError(
                         f"node {node} kept changing while taking its bind-lock; retry", "lock_conflict"
                     ) from None
-                fresh = self._read_node(node)
+                known = self._newer_than_cache(node, self._read_node(node))
                 continue
             except ApiError as exc:
                 raise BindError(f"cannot lock node {node}: {exc}", _api_reason(exc)) from None
@@ -377,11 +396,57 @@ class Binder:
         except ApiError as exc:
             raise BindError(f"cannot read node {node}: {exc}", _api_reason(exc)) from None
 
-    def _lock_moved(self, node: str, holder: str, version: str) -> bool | None:
-        """True once the watch shows the node changed since `version` or its lock no longer `holder`'s."""
-        entry = self.state.entry(node)
-        info = entry.info if entry else None
-        if info is None or info.resource_version != version:
+    def _newer_than_cache(self, node: str, read: NodeInfo) -> NodeInfo | None:
+        """`read` if the cache does not hold its version (then the cache is behind it: a read of the API is
+        never older than the watch), else None: the cache will do."""
+        with self.state.lock:
+            cached = self.state.node_info(node)
+            return None if cached is not None and cached.resource_version == read.resource_version else read
+
+    def _caught_up(self, node: str, known: NodeInfo) -> bool:
+        """Whether the watch has reached `known` (a read newer than the cache): it holds that very version,
+        or shows the same bind-lock `known` shows, so that every change it delivers from here on is newer
+        than what the bind is waiting on (call with the state's lock held)."""
+        cached = self.state.node_info(node)
+        if cached is None:
+            return False
+        return cached.resource_version == known.resource_version or (
+            known.lock is not None and cached.lock == known.lock
+        )
+
+    def _catch_up(self, node: str, known: NodeInfo) -> NodeInfo | None:
+        """After a wait while the cache was behind `known`: None (use the cache) once it has caught up,
+        else the node read again (once per wait)."""
+        with self.state.lock:
+            if self._caught_up(node, known):
+                return None
+        return self._newer_than_cache(node, self._read_node(node))
+
+    def _holder_allocated(self, holder: str) -> bool:
+        """Whether the watch shows every GPU-memory container of the lock holder's pod allocated: the device
+        plugin releases the lock right after writing that (call with the state's lock held)."""
+        record = self.state.pod(holder)
+        return (
+            record is not None
+            and record.assignment is not None
+            and not record.assignment.pending(record.allocated)
+        )
+
+    def _lock_moved(
+        self, node: str, holder: str, version: str, known: NodeInfo | None = None, nudge: bool = False
+    ) -> bool | None:
+        """True once the watch shows the node changed since `version` or its lock no longer `holder`'s.
+
+        With `known` (a read newer than the cache, at `version`): True once the cache has caught up with it
+        (`_caught_up`), or (`nudge`) once the holder's containers are all allocated; never because an older
+        cache differs."""
+        info = self.state.node_info(node)
+        if info is None:
+            return True
+        if known is not None:
+            caught_up = self._caught_up(node, known) or (nudge and self._holder_allocated(holder))
+            return True if caught_up else None
+        if info.resource_version != version:
             return True
         if info.lock is None or info.lock.pod_uid != holder or not info.lock.live(self.clock()):
             return True

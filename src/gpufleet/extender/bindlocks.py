@@ -56,6 +56,8 @@ class Reservation:
     stage: str = BINDING
     # The pod's request as filter parsed it: its bind needs no read of the pod.
     request: GpuRequest | None = None
+    # When it was made, in `BindLocks.serial` (a pod reserved after a list began may be missing from it).
+    serial: int = 0
 
     @property
     def queued(self) -> bool:
@@ -90,6 +92,8 @@ class BindLocks:
         # first measurement replaces the prior).
         self.handoff_seconds = HANDOFF_PRIOR
         self.handoffs_measured = 0
+        # Counts the reservations made; each carries its number (`Reservation.serial`).
+        self.serial = 0
 
     def _count(self, reservation: Reservation, delta: int) -> None:
         if not reservation.queued:
@@ -134,7 +138,8 @@ class BindLocks:
         old = self.reservations.get(usage.uid)
         if request is None and old is not None:
             request = old.request
-        self._put(Reservation(usage, now, stage, request))
+        self.serial += 1
+        self._put(Reservation(usage, now, stage, request, self.serial))
 
     def begin(self, uid: str, now: float) -> None:
         """The pod's bind starts on its reservation: it no longer expires by time."""
@@ -178,6 +183,20 @@ class BindLocks:
             uid
             for uid, reservation in self.reservations.items()
             if reservation.stage in ttl and now - reservation.created > ttl[reservation.stage]
+        ]
+        for uid in dropped:
+            self._pop(uid)
+        return dropped
+
+    def absent(self, listed: set[str], before: int) -> list[str]:
+        """A complete pod list that began after reservation number `before` holds the pods `listed` (UIDs):
+        drop the decided and settled reservations made by then whose pod it lacks (deleted while the watch
+        was down or behind: no DELETED event came), and return their UIDs. A binding one stays: its bind
+        fails on the missing pod and releases it."""
+        dropped = [
+            uid
+            for uid, reservation in self.reservations.items()
+            if reservation.stage != BINDING and reservation.serial <= before and uid not in listed
         ]
         for uid in dropped:
             self._pop(uid)

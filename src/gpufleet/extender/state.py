@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from gpufleet.extender import inspection
@@ -119,8 +119,27 @@ class ClusterState:
                 self._drop_node(name)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full pod list: rebuild every observed claim from annotations; reservations stay (`_replace`)."""
-        self._replace("pods", objs, self._put_pod, self.watch.pods, self._forget_pod)
+        """A full pod list: rebuild every observed claim from annotations (`_replace`). Once it is complete,
+        decided and settled reservations of pods it lacks go (`BindLocks.absent`): a pod deleted while the
+        watch was down (a relist after 410 Gone or an error) sent no DELETED event. Only reservations made
+        before the list began: its request starts after this (a `kube._Listing` fetches on iteration), so
+        their pods existed before the list's snapshot, and one it lacks was deleted."""
+        with self.lock:
+            before = self.locks.serial
+        listed: set[str] = set()
+
+        def each() -> Iterator[Mapping[str, Any]]:
+            for obj in objs:
+                uid = (obj.get("metadata") or {}).get("uid")
+                if uid:
+                    listed.add(str(uid))
+                yield obj
+
+        def release_absent() -> None:
+            for uid in self.locks.absent(listed, before):
+                self._apply(uid)
+
+        self._replace("pods", each(), self._put_pod, self.watch.pods, self._forget_pod, release_absent)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         """A pod was added or changed."""
@@ -152,12 +171,14 @@ class ClusterState:
         put: Callable[[Mapping[str, Any]], str | None],
         known: Mapping[str, Any],
         drop: Callable[[str], None],
+        complete: Callable[[], None] | None = None,
     ) -> None:
         """A full list of `kind`; what is absent from it is gone.
 
         `objs` may arrive while they are applied (a paged list, `kube._Listing`): each is put under the lock
         on its own, as a watch event would be, and the absent ones go once the list is in. A list that fails
-        halfway leaves newer objects in and drops nothing; the relist that follows completes it."""
+        halfway leaves newer objects in and drops nothing; the relist that follows completes it. `complete`
+        runs (under the lock) once the whole list is in."""
         seen = set()
         for obj in objs:
             with self.lock:
@@ -167,6 +188,8 @@ class ClusterState:
         with self.lock:
             for key in [k for k in known if k not in seen]:
                 drop(key)
+            if complete is not None:
+                complete()
             self._listed(kind)
 
     def _listed(self, kind: str) -> None:
