@@ -68,4 +68,13 @@ options:
     description: Run the pods in the node's network namespace.
     type: bool
     default: false
+  node_names:
+    description:
+      - Names of the nodes the pods may run on (a required node affinity on the Node's C(metadata.name)), in
+        addition to any node selector; V([]) puts no such limit.
+      - Role C(gpufleet_kubernetes) sets it, when there is no registry, to the nodes role C(gpufleet_images)
+        imported the image on, so that no pod lands on a node that would have to pull it.
+    type: list
+    elements: str
+    default: []
 """

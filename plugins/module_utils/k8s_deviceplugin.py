@@ -49,6 +49,8 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import 
     WORKLOAD_ARGS,
     checked_config,
     config_text,
+    node_names_affinity,
+    required_image,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_nodelabels import label_nodes
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import (
@@ -91,7 +93,9 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "mode": {"type": "str", "default": "daemonset", "choices": ["daemonset", "systemd"]},
     "name": {"type": "str", "default": "gpufleet-device-plugin"},
     **WORKLOAD_ARGS,
-    "image": {"type": "str", "default": "gpufleet/device-plugin:0.1.0"},
+    # no default: no registry holds a tag of gpufleet's; the role passes the digest reference role
+    # gpufleet_images checked (docs/install.md). Required for a DaemonSet (checked where the module runs).
+    "image": {"type": "str"},
     "command": {"type": "list", "elements": "str"},
     "plugin_config": {"type": "dict", "default": {}},
     "node_selector": {"type": "dict", "default": {}},
@@ -339,7 +343,7 @@ def pod_spec(params: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
     env += [{"name": str(k), "value": str(v)} for k, v in sorted((params["env"] or {}).items())]
     container: dict[str, Any] = {
         "name": "plugin",
-        "image": params["image"],
+        "image": required_image(params, "device plugin DaemonSet", ParameterError),
         "imagePullPolicy": params["image_pull_policy"],
         "args": ["--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
         "env": env,
@@ -368,6 +372,8 @@ def pod_spec(params: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
         spec["runtimeClassName"] = params["runtime_class_name"]
     if params["node_selector"]:
         spec["nodeSelector"] = {str(k): str(v) for k, v in params["node_selector"].items()}
+    if params.get("node_names"):
+        spec["affinity"] = node_names_affinity(params["node_names"])
     if params["host_network"]:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -18,7 +18,12 @@ from typing import Any
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_apply import ApplyResult, apply, delete
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_client import Kube
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import WORKLOAD_ARGS, checked_config
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_module import (
+    WORKLOAD_ARGS,
+    checked_config,
+    node_names_affinity,
+    required_image,
+)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_wait import wait_rollout
 
 SETTINGS_KEY = "extender.yaml"
@@ -37,7 +42,9 @@ RULES = [
 DEPLOY_ARGS: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "default": "gpufleet-extender"},
     **WORKLOAD_ARGS,
-    "image": {"type": "str", "default": "gpufleet/extender:0.1.0"},
+    # no default: no registry holds a tag of gpufleet's; the role passes the digest reference role
+    # gpufleet_images checked (docs/install.md). Required with state=present.
+    "image": {"type": "str"},
     "command": {"type": "list", "elements": "str"},
     "replicas": {"type": "int", "default": 2},
     "settings": {"type": "dict", "default": {}},
@@ -119,7 +126,7 @@ def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dic
     scheme = "HTTPS" if https else "HTTP"
     container: dict[str, Any] = {
         "name": "extender",
-        "image": params["image"],
+        "image": required_image(params, "scheduler extender", ParameterError),
         "imagePullPolicy": params["image_pull_policy"],
         "command": list(params["command"] or ["gpufleet-extender", "serve", "--config", SETTINGS_PATH]),
         "ports": [{"name": "http", "containerPort": port}],
@@ -160,6 +167,8 @@ def build_objects(params: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dic
         pod["priorityClassName"] = params["priority_class_name"]
     if params["node_selector"]:
         pod["nodeSelector"] = {str(k): str(v) for k, v in params["node_selector"].items()}
+    if params.get("node_names"):
+        pod["affinity"] = node_names_affinity(params["node_names"])
     if params["tolerations"]:
         pod["tolerations"] = params["tolerations"]
     if params["host_network"]:

@@ -33,7 +33,30 @@ WORKLOAD_ARGS: dict[str, dict[str, Any]] = {
         "choices": ["Always", "IfNotPresent", "Never"],
     },
     "host_network": {"type": "bool", "default": False},
+    "node_names": {"type": "list", "elements": "str", "default": []},
 }
+
+
+def required_image(params: Mapping[str, Any], what: str, error: type[Exception]) -> str:
+    """``image``, which has no default (no registry holds a tag of gpufleet's): ``error`` naming the option
+    and where the reference comes from when it is empty."""
+    image = str(params.get("image") or "")
+    if not image and params.get("state", "present") == "present":  # removing names no image
+        raise error(
+            f"image is required to deploy the {what}: the digest reference role gpufleet_images gives "
+            "(playbooks/images.yml, gpufleet_images_dir), or an image of your own in a registry the nodes "
+            "pull from (docs/install.md)"
+        )
+    return image
+
+
+def node_names_affinity(names: list[str]) -> dict[str, Any]:
+    """The pods' affinity that keeps them on the nodes named (``node_names``; the nodes an image was imported
+    on when there is no registry): a required node affinity on the Node's ``metadata.name`` field, which is
+    the node's name itself (a label such as kubernetes.io/hostname can differ from it)."""
+    values = sorted(set(map(str, names)))
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": values}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
 T = TypeVar("T")

@@ -69,9 +69,13 @@ options:
     type: str
     default: gpufleet-device-plugin
   image:
-    description: Device plugin image (built from C(deploy/deviceplugin/Containerfile)).
+    description:
+      - Device plugin image (built from C(deploy/deviceplugin/Containerfile) by C(gpufleet release images)).
+        Required to deploy the DaemonSet; there is no default, as no registry holds a gpufleet tag.
+      - Role C(gpufleet_kubernetes) passes the digest reference role C(gpufleet_images) gives, the image ID
+        C(sha256:...) of the imported archive without a registry, C(<registry>/gpufleet/device-plugin@sha256:...)
+        with one.
     type: str
-    default: gpufleet/device-plugin:0.1.0
   command:
     description: Overrides the image's entrypoint. The arguments are always C(--config /etc/gpufleet/config.yaml).
     type: list
@@ -229,7 +233,8 @@ EXAMPLES = r"""
 - name: Deploy the device plugin on the GPU nodes and wait for their GPUs
   gpufleet.nvidia.gpu_device_plugin:
     kubeconfig: /etc/kubernetes/admin.conf
-    image: registry.example.com/gpufleet/device-plugin:0.1.0
+    # pushed by role gpufleet_images (gpufleet_images_registry); the digest is the one its images.json names
+    image: registry.example.com/gpufleet/device-plugin@sha256:3b1f0c5e2d4a6b8c9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6
     node_selector:
       gpufleet.io/gpu-node: "true"
     expected_gpus:

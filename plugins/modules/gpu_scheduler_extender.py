@@ -71,9 +71,14 @@ options:
     type: str
     default: gpufleet-extender
   image:
-    description: Extender image (it must provide C(gpufleet-extender) on PATH, or set O(command)).
+    description:
+      - Extender image (it must provide C(gpufleet-extender) on PATH, or set O(command)); built from
+        C(deploy/extender/Containerfile) by C(gpufleet release images). Required with O(state=present) and
+        O(deploy=true); there is no default, as no registry holds a gpufleet tag.
+      - Role C(gpufleet_kubernetes) passes the digest reference role C(gpufleet_images) gives, the image ID
+        C(sha256:...) of the imported archive without a registry, C(<registry>/gpufleet/extender@sha256:...)
+        with one.
     type: str
-    default: gpufleet/extender:0.1.0
   command:
     description: The container's command. Default C(gpufleet-extender serve --config /etc/gpufleet/extender.yaml).
     type: list
@@ -256,7 +261,8 @@ EXAMPLES = r"""
 - name: Deploy the extender (on the controller) and generate the scheduler configuration
   gpufleet.nvidia.gpu_scheduler_extender:
     kubeconfig: ~/.kube/config
-    image: registry.example.com/gpufleet/extender:0.1.0
+    # pushed by role gpufleet_images (gpufleet_images_registry); the digest is the one its images.json names
+    image: registry.example.com/gpufleet/extender@sha256:9916a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f
     tls_secret: gpufleet-extender-tls
     scheduler_config:
       server_name: gpufleet-extender.gpufleet-system.svc

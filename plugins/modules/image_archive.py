@@ -29,7 +29,7 @@ author:
   - gpufleet contributors (@gpufleet)
 options:
   images_dir:
-    description: The directory with C(images.json) and the archives (C(gpufleet release images DIR)).
+    description: The directory with C(images.json) and the archives (C(OUT/images) of C(gpufleet release images --out OUT)).
     type: path
     required: true
   names:
@@ -117,17 +117,22 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.image_registry imp
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.ociarchive import ArchiveError, read, repository
 
-HOW_TO_BUILD = "build them with `gpufleet release images DIR` in a gpufleet checkout (docs/install.md)"
+# the command that builds them writes OUT/images, the directory gpufleet_images_dir names
+HOW_TO_BUILD = (
+    "build them with `gpufleet release images --out OUT` in a gpufleet checkout and set "
+    "gpufleet_images_dir=OUT/images (docs/install.md)"
+)
 
 
-def _catalog(module: AnsibleModule, images_dir: str) -> dict:
+def _catalog(module: AnsibleModule, images_dir: str, names: list) -> dict:
     path = os.path.join(images_dir, "images.json")
     try:
         with open(path) as handle:
             doc = json.load(handle)
     except FileNotFoundError:
         module.fail_json(
-            msg=f"gpufleet images: {path} does not exist (gpufleet_images_dir={images_dir}); {HOW_TO_BUILD}"
+            msg=f"gpufleet images: {path} does not exist (gpufleet_images_dir={images_dir}), so the "
+            f"{' and '.join(names)} image(s) cannot be checked; {HOW_TO_BUILD}"
         )
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"gpufleet images: cannot read {path}: {exc}")
@@ -156,7 +161,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    catalog = _catalog(module, params["images_dir"])
+    catalog = _catalog(module, params["images_dir"], params["names"])
     found: dict[str, dict] = {}
     for name in params["names"]:
         entry = catalog.get(name)

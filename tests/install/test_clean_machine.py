@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet_harness.release import collection
 from gpufleet_harness.sim import machine as simmachine
@@ -110,6 +111,9 @@ def test_the_collection_artifact_carries_real_files_and_the_playbooks(artifacts:
         links = sorted(n for n, m in members.items() if m.issym() or m.islnk())
         assert links == []
         assert not any(n.startswith(("src/", "tests/runner", "bench/", "molecule/")) for n in members)
+        # the hyphenated old names are a checkout's aliases only (galaxy.yml build_ignore)
+        aliases = ("playbooks/upgrade-driver.yml", "playbooks/check-variables.yml")
+        assert not any(alias in members for alias in aliases)
         for name in (
             "site",
             "facts",
@@ -119,7 +123,8 @@ def test_the_collection_artifact_carries_real_files_and_the_playbooks(artifacts:
             "kubernetes",
             "images",
             "validate",
-            "upgrade-driver",
+            "upgrade_driver",
+            "check_variables",
             "esxi",
         ):
             assert f"playbooks/{name}.yml" in members, name
@@ -137,6 +142,38 @@ def test_the_collection_artifact_carries_real_files_and_the_playbooks(artifacts:
     assert artifacts["collection"].name == f"gpufleet-nvidia-{VERSION}.tar.gz"
 
 
+def _fleet(machine: Machine, sim_lib: Path) -> tuple[Path, Path]:
+    """The simulated fleet (two fixtures) as an operator's inventory: inventory/sim's hosts, those two only,
+    in gpu_nodes (the group the playbooks converge by default); returns (inventory file, sim base)."""
+    base = machine.root / "sim"
+    inventory = machine.work / "inventory.yml"
+    if not inventory.exists():
+        for fixture in FIXTURES:
+            simmachine.materialize(fixture, base / fixture, library=sim_lib)
+        doc = yaml.safe_load((REPO / "inventory" / "sim" / "hosts.yml").read_text())
+        hosts = doc["gpufleet_sim"]["hosts"]
+        doc["gpufleet_sim"]["hosts"] = {f"sim-{f}": hosts[f"sim-{f}"] for f in FIXTURES}
+        doc["gpufleet_sim"]["vars"]["gpufleet_sim_base"] = str(base)
+        doc["gpu_nodes"] = {"children": {"gpufleet_sim": {}}}
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inventory, base
+
+
+def _plays(artifact_dir: str) -> dict[str, set[str]]:
+    """Each play runner saw start, with the hosts it ran tasks on (from runner's job events); a play whose
+    host pattern matched nothing has no hosts."""
+    plays: dict[str, set[str]] = {}
+    events = sorted(Path(artifact_dir, "job_events").glob("*.json"), key=lambda p: int(p.name.split("-")[0]))
+    for path in events:
+        event = json.loads(path.read_text())
+        data = event.get("event_data") or {}
+        if event.get("event") == "playbook_on_play_start":
+            plays.setdefault(data["play"], set())
+        elif event.get("event", "").startswith("runner_on_") and data.get("host"):
+            plays.setdefault(data["play"], set()).add(data["host"])
+    return plays
+
+
 def test_the_installed_wheel_and_collection_provision_and_validate_the_simulated_fleet(
     machine: Machine, sim_lib: Path
 ) -> None:
@@ -151,62 +188,114 @@ def test_the_installed_wheel_and_collection_provision_and_validate_the_simulated
     assert where.stdout.startswith(str(machine.venv)) and str(REPO) not in where.stdout
     assert machine.run(f"{machine.venv}/bin/python", "-c", "import gpufleet_harness").returncode != 0
 
-    base = machine.root / "sim"
-    for fixture in FIXTURES:
-        simmachine.materialize(fixture, base / fixture, library=sim_lib)
-    inventory = machine.work / "inventory"
-    shutil.copytree(REPO / "inventory" / "sim", inventory)
-    sim = (
-        "-i",
-        "inventory",
-        "-e",
-        f"gpufleet_sim_base={base}",
-        "--limit",
-        ":".join(f"sim-{f}" for f in FIXTURES),
+    inventory, _ = _fleet(machine, sim_lib)
+    checks = ("-e", "gpufleet_validation_suites=host", "-e", "gpufleet_driver_version=535.261.03")
+    # An operator's own project playbook, made of the collection's playbooks by name (as docs/awx.md's
+    # example): the variable check, the facts of every GPU host, then validation and its report. The stages
+    # that install packages (prepare, drivers, runtime) are left out: the simulated hosts are this machine.
+    (machine.work / "fleet.yml").write_text(
+        "---\n"
+        + "".join(
+            f"- name: {stage}\n  ansible.builtin.import_playbook: gpufleet.nvidia.{stage}\n"
+            for stage in ("check_variables", "facts", "validate")
+        )
     )
-
-    provision = _ok(
-        machine.run("gpufleet", "provision", *sim, "--check", "-e", "gpufleet_target=gpu_nodes", "--json")
-    )
+    fleet = ("-i", inventory.name, "--playbook", "fleet.yml")
+    provision = _ok(machine.run("gpufleet", "provision", *fleet, *checks, "--json"))
     doc = json.loads(provision.stdout)
-    installed = machine.home / ".ansible/collections/ansible_collections/gpufleet/nvidia"
-    assert doc["playbook"] == str(installed / "site.yml") and doc["exit_code"] == 0
+    assert doc["exit_code"] == 0 and doc["artifact_dir"].startswith(str(machine.work / ".lab" / "runner"))
     assert {f"sim-{f}" for f in FIXTURES} <= set(doc["hosts"])
     assert all(s["failed"] == 0 and s["unreachable"] == 0 for s in doc["hosts"].values())
-    assert doc["artifact_dir"].startswith(str(machine.work / ".lab" / "runner"))
+    sims = {f"sim-{f}" for f in FIXTURES}
+    plays = _plays(doc["artifact_dir"])
+    assert plays == {
+        "Check that every gpufleet variable the inventory and -e set is one gpufleet reads": {"localhost"},
+        "Gather GPU facts": sims,
+        "Gather what validation expects of each host": sims,
+        "Run the validation suites and write the report": {"localhost"},
+    }, plays
 
-    facts = _ok(machine.run("ansible-playbook", "gpufleet.nvidia.facts", *sim))
-    assert "sim-dgx-a100" in facts.stdout and "failed=0" in facts.stdout
-
-    limit = ":".join(f"sim-{f}" for f in FIXTURES)
-    validate_args = (
-        "gpufleet",
-        "validate",
-        "-i",
-        "inventory",
-        "-e",
-        f"gpufleet_sim_base={base}",
-        "--limit",
-        limit,
-    )
-    validate_args += ("--suites", "host", "-e", "gpufleet_driver_version=535.261.03")
-    validate = _ok(machine.run(*validate_args))
-    assert "result: pass (exit 0)" in validate.stdout
+    # the report is in the operator's state directory, where `gpufleet report` finds it; not in the collection
+    installed = machine.home / ".ansible/collections/ansible_collections/gpufleet/nvidia"
     report_dir = machine.work / ".lab" / "validation-report"
     assert json.loads((report_dir / "report.json").read_text())["status"] == "pass"
+    assert not (installed / ".lab").exists() and not (installed.parent / ".lab").exists()
     shown = _ok(machine.run("gpufleet", "report"))
-    assert (
-        f"VALIDATION REPORT {report_dir}" in shown.stdout.replace("\n", " ") or "sim-dgx-a100" in shown.stdout
-    )
+    assert "VALIDATION REPORT" in shown.stdout and "sim-dgx-a100" in shown.stdout, shown.stdout
 
-    # --state-dir keeps the state elsewhere; nothing is written into the installed package
+    # site.yml is the default playbook, found in the installed collection; --check with no tag but the
+    # variable check's: every stage's play resolves its roles and host pattern from the artifact
+    site = _ok(machine.run("gpufleet", "provision", "-i", inventory.name, "--check", "--tags", "always",
+                           *checks, "--json"))  # fmt: skip
+    site_doc = json.loads(site.stdout)
+    assert site_doc["playbook"] == str(installed / "site.yml") and site_doc["exit_code"] == 0
+
+    facts = _ok(machine.run("ansible-playbook", "gpufleet.nvidia.facts", "-i", inventory.name))
+    assert "sim-dgx-a100" in facts.stdout and "failed=0" in facts.stdout
+
+    validate_args = ("gpufleet", "validate", "-i", inventory.name, "--suites", "host", *checks[2:])
+    validate = _ok(machine.run(*validate_args))
+    assert "result: pass (exit 0)" in validate.stdout
+
+    # --state-dir keeps the state elsewhere, provision's report included; nothing in the installed package
     elsewhere = machine.root / "state"
     _ok(machine.run(*validate_args, "--state-dir", str(elsewhere)))
     assert (elsewhere / "validation-report" / "report.json").is_file() and any(
         (elsewhere / "runner").iterdir()
     )
+    other = machine.root / "state-provision"
+    _ok(machine.run("gpufleet", "provision", "-i", inventory.name, "--playbook", "gpufleet.nvidia.validate",
+                    *checks, "--state-dir", str(other)))  # fmt: skip
+    assert (other / "validation-report" / "report.json").is_file()
+    assert "state-provision" in _ok(machine.run("gpufleet", "report", "--state-dir", str(other))).stdout
     site_packages = next((machine.venv / "lib").glob("python3*/site-packages"))
     assert not (site_packages / ".lab").exists() and not (site_packages.parent / ".lab").exists()
+
+
+def test_every_playbook_of_the_installed_collection_runs_by_its_name(machine: Machine) -> None:
+    """ansible-core refuses a hyphen in a collection resource's name, so each playbook must be named so that
+    `ansible-playbook gpufleet.nvidia.<name>` finds it (upgrade_driver, check_variables)."""
+    installed = machine.home / ".ansible/collections/ansible_collections/gpufleet/nvidia"
+    names = sorted(p.stem for p in (installed / "playbooks").glob("*.yml"))
+    assert {"site", "upgrade_driver", "check_variables", "validate", "images"} <= set(names), names
+    assert [n for n in names if not n.isidentifier()] == []
+    inventory = ("-i", "localhost,")
+    for name in names:
+        proc = machine.run("ansible-playbook", "--syntax-check", *inventory, f"gpufleet.nvidia.{name}")
+        out = f"gpufleet.nvidia.{name}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        if name == "upgrade_driver":
+            # found by its name and parsed up to its first kubernetes.core task: that collection (galaxy.yml's
+            # dependency) comes from Galaxy, which this machine cannot reach (installed with --no-deps)
+            assert proc.returncode != 0 and f"{installed}/playbooks/upgrade_driver.yml:" in out, out
+            assert "couldn't resolve module/action 'kubernetes.core.k8s_info'" in out, out
+            continue
+        assert proc.returncode == 0, out
+
+
+def test_validation_runs_from_a_read_only_collection(machine: Machine, sim_lib: Path) -> None:
+    """An execution environment installs the collection root-owned (/usr/share/ansible/collections) and runs
+    the job as another user: validate.yml must write nothing inside the collection. The installed collection
+    is mounted read-only (a private mount namespace) and the report lands in the current directory."""
+    unshare = shutil.which("unshare")
+    assert unshare, "util-linux's unshare is needed to mount the collection read-only"
+    inventory, _ = _fleet(machine, sim_lib)
+    installed = machine.home / ".ansible/collections/ansible_collections/gpufleet/nvidia"
+    work = machine.root / "ro-work"
+    work.mkdir()
+    script = (
+        'set -e; mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; '
+        'if touch "$1/written" 2>/dev/null; then echo "collection is writable"; exit 9; fi; '
+        'cd "$2"; shift 2; exec ansible-playbook "$@"'
+    )
+    proc = subprocess.run(
+        [unshare, "--map-root-user", "--mount", "sh", "-c", script, "sh", str(installed), str(work),
+         "gpufleet.nvidia.validate", "-i", str(inventory), "-e", "gpufleet_validation_suites=host",
+         "-e", "gpufleet_driver_version=535.261.03"],
+        cwd=work, env=machine.env(), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    assert json.loads((work / ".lab" / "validation-report" / "report.json").read_text())["status"] == "pass"
+    assert not (installed / ".lab").exists()
 
 
 def test_without_the_collection_the_commands_name_the_install_command(machine: Machine) -> None:

@@ -110,8 +110,13 @@ def test_scheduler_processes_are_found_with_start_times() -> None:
 
 
 # -- object shapes ---------------------------------------------------------------------------------
+# a digest reference as role gpufleet_images gives (the modules have no default image)
+DP_IMAGE = "sha256:" + "1" * 64
+EXT_IMAGE = "registry.test:5000/gpufleet/extender@sha256:" + "2" * 64
+
+
 def _dp_params(**over: object) -> dict:
-    params = {k: v.get("default") for k, v in k8s_deviceplugin.ARGUMENT_SPEC.items()}
+    params = {k: v.get("default") for k, v in k8s_deviceplugin.ARGUMENT_SPEC.items()} | {"image": DP_IMAGE}
     params.update(over)
     return params
 
@@ -381,8 +386,47 @@ def test_both_modules_check_the_file_they_deploy_with_its_loader_and_no_temporar
     assert from_file == cfg and cfg.sharing_mode == "memory"
 
 
+def _ext_params(**over: object) -> dict:
+    return {k: v.get("default") for k, v in k8s_extender.DEPLOY_ARGS.items()} | {"image": EXT_IMAGE} | over
+
+
+def test_node_names_pin_both_workloads_to_those_nodes_and_nothing_else_by_default() -> None:
+    """Without a registry the images are only on the nodes role gpufleet_images imported them on; the role
+    names those nodes (node_names) so that no pod lands where its image would have to be pulled."""
+    cfg = _dp_config({})
+    assert "affinity" not in k8s_deviceplugin.pod_spec(_dp_params(), cfg)  # [] limits nothing
+    spec = k8s_deviceplugin.pod_spec(_dp_params(node_names=["gpu-b", "gpu-a", "gpu-a"]), cfg)
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-a", "gpu-b"]}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    assert spec["affinity"] == {"nodeAffinity": required}
+    assert spec["containers"][0]["image"] == DP_IMAGE
+
+    params = _ext_params(node_names=["gpu-a"], node_selector={"zone": "z1"})
+    objects = k8s_extender.build_objects(params, k8s_extender.settings_doc(params))
+    pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchFields"][0]["values"] == ["gpu-a"]
+    assert pod["nodeSelector"] == {"zone": "z1"} and pod["containers"][0]["image"] == EXT_IMAGE
+    plain = k8s_extender.build_objects(_ext_params(), k8s_extender.settings_doc(_ext_params()))
+    assert "affinity" not in next(o for o in plain if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+def test_no_image_is_refused_naming_where_one_comes_from_but_removal_needs_none() -> None:
+    """No registry holds a tag of gpufleet's, so neither module has a default image to fall back on."""
+    assert "default" not in k8s_deviceplugin.ARGUMENT_SPEC["image"]
+    assert "default" not in k8s_extender.DEPLOY_ARGS["image"]
+    with pytest.raises(k8s_deviceplugin.ParameterError, match="image is required to deploy the device"):
+        k8s_deviceplugin.pod_spec(_dp_params(image=None), _dp_config({}))
+    params = _ext_params(image="")
+    with pytest.raises(k8s_extender.ParameterError, match="gpufleet_images_dir"):
+        k8s_extender.build_objects(params, k8s_extender.settings_doc(params))
+    absent = _dp_params(image=None, state="absent")
+    assert k8s_deviceplugin.pod_spec(absent, _dp_config({}))["containers"][0]["image"] == ""
+
+
 def test_extender_settings_pin_tls_paths_from_the_secret() -> None:
-    params = {k: v.get("default") for k, v in k8s_extender.DEPLOY_ARGS.items()} | {"tls_secret": "s"}
+    params = _ext_params(tls_secret="s")
     doc = k8s_extender.settings_doc(params)
     assert doc["tls_cert_file"] == "/etc/gpufleet/tls/tls.crt"
     objects = k8s_extender.build_objects(params, doc)

@@ -478,15 +478,15 @@ def _boot(lab: Lab, host: str) -> str:
 
 
 def test_driver_rollout_drains_reboots_and_uncordons_a_node(lab: Lab) -> None:
-    """playbooks/upgrade-driver.yml on one node of the live cluster, at the version it runs (the lab has one
+    """playbooks/upgrade_driver.yml on one node of the live cluster, at the version it runs (the lab has one
     driver build; molecule's nvidia_driver_upgrade moves versions): cordon, drain, reboot (the host's
     container restarts), validation, the node Ready with its GPUs again, uncordon. The other hosts stay up."""
     from kubernetes import client
 
     node, others = "pcie-2x-t4", ("dgx-a100", "esxi-vm-2x-v100")
     boots = {host: _boot(lab, host) for host in (node, *others)}
-    run = lab.playbook("-e", f"gpufleet_target={node}", playbook="playbooks/upgrade-driver.yml")
-    assert run.returncode == 0, f"upgrade-driver.yml failed:\n{failures(run.stdout + run.stderr)}"
+    run = lab.playbook("-e", f"gpufleet_target={node}", playbook="playbooks/upgrade_driver.yml")
+    assert run.returncode == 0, f"upgrade_driver.yml failed:\n{failures(run.stdout + run.stderr)}"
     assert set(recap(run.stdout)) == {node}, recap(run.stdout)
     assert _boot(lab, node) != boots[node], f"{node} did not reboot"
     assert {host: _boot(lab, host) for host in others} == {host: boots[host] for host in others}

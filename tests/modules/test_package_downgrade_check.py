@@ -8,17 +8,14 @@ src:nvidia-graphics-drivers, bookworm-security 535.309.01-0+deb12u1, src:nvidia-
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from labstack import ensure_collection_link
+from modrun import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "plugins/modules/package_downgrade_check.py"
@@ -48,14 +45,7 @@ def admindir(tmp_path: Path, *stanzas: str) -> Path:
 
 
 def run(tmp_path: Path, **args: Any) -> dict[str, Any]:
-    argfile = tmp_path / "args.json"
-    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = {**os.environ, "PYTHONPATH": str(ensure_collection_link())}
-    proc = subprocess.run(
-        [sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, env=env, check=False
-    )
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    return run_module(MODULE, tmp_path, **args)
 
 
 DRIVER_ARGS = {

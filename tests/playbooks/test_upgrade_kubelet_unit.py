@@ -1,4 +1,4 @@
-"""playbooks/upgrade-driver.yml refuses a kubelet unit that systemd does not know, before any host is touched.
+"""playbooks/upgrade_driver.yml refuses a kubelet unit that systemd does not know, before any host is touched.
 
 After the reboot the rollout tells the restarted kubelet's first Node status by the start time of the unit
 ``gpufleet_upgrade_kubelet_service`` names (``kubelet`` by default). A wrong name used to show only as a wait
@@ -26,7 +26,7 @@ from gpufleet_harness.testhosts.workspace import missing_tools
 
 pytestmark = [pytest.mark.root, pytest.mark.xdist_group("molecule")]
 
-UPGRADE = "playbooks/upgrade-driver.yml"
+UPGRADE = "playbooks/upgrade_driver.yml"
 PYTHON = "/usr/bin/python3"  # the test host's
 REFUSE = "Refuse a kubelet unit that systemd does not know"
 AS_A_NODE = json.dumps({"gpufleet_kubernetes_kubeconfig": "/nonexistent/kubeconfig",

@@ -1,4 +1,4 @@
-"""playbooks/upgrade-driver.yml takes its settings where docs/roles.md says (issue 30 item 7).
+"""playbooks/upgrade_driver.yml takes its settings where docs/roles.md says (issue 30 item 7).
 
 Ansible sizes a play's batches (``serial``) before inventory variables apply: a ``gpufleet_upgrade_batch``
 set only in group_vars used to be ignored without a word (batches of one), and the playbook's own ``vars:``
@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from playbookrun import REPO, local_inventory, playbook
 
-UPGRADE = "playbooks/upgrade-driver.yml"
+UPGRADE = "playbooks/upgrade_driver.yml"
 CHECK = "Refuse a gpufleet_upgrade_batch that only the inventory sets (it would be ignored)"
 PREFIXES = ("gpufleet_", "esxi_", "nvidia_", "gpu_host_prep_")  # the names an operator sets
 BATCH_CHECK = "Check that the rollout's batches have the size asked for"
@@ -51,7 +51,7 @@ def test_a_batch_size_set_only_in_the_inventory_is_refused_before_any_host_is_to
 
 def test_no_play_variable_overrides_a_setting_the_inventory_documents() -> None:
     """A play's ``vars:`` win over the inventory: none may carry a name inventory/example documents as a
-    setting (before: upgrade-driver.yml's gpufleet_upgrade_ready_timeout and the undocumented, hard-coded
+    setting (before: upgrade_driver.yml's gpufleet_upgrade_ready_timeout and the undocumented, hard-coded
     gpufleet_upgrade_drain_timeout)."""
     documented = (REPO / "inventory/example/group_vars/all.yml").read_text()
     documented += (REPO / "inventory/example/hosts.yml").read_text()

@@ -1,5 +1,5 @@
 """A misspelled gpufleet variable fails site.yml before anything is touched, naming the closest known one
-(issue 30 item 8): gpufleet.nvidia.check_variables, run by playbooks/check-variables.yml, site.yml's first
+(issue 30 item 8): gpufleet.nvidia.check_variables, run by playbooks/check_variables.yml, site.yml's first
 play. Before, Ansible ignored `gpufleet_driver_verison` without a word and installed the default driver.
 
 Known names come from the collection's files (plugins/plugin_utils/variables.py): the roles' argument specs
@@ -20,7 +20,7 @@ from playbookrun import REPO, local_inventory, playbook
 sys.path.insert(0, str(REPO / ".cache/collections"))
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import variables
 
-CHECK = "playbooks/check-variables.yml"
+CHECK = "playbooks/check_variables.yml"
 PLAY = "Check that every gpufleet variable the inventory and -e set is one gpufleet reads"
 TASK = "Refuse misspelled gpufleet variables (nothing has been touched yet)"
 
@@ -49,7 +49,7 @@ def test_known_names_are_the_roles_arguments_and_what_the_playbooks_read() -> No
     # what the playbooks assign themselves is no setting: an inventory value would be overridden
     for name in ("gpufleet_validation_expected", "gpufleet_upgrade_kubeconfig", "gpufleet_validation_run"):
         assert name not in known, name
-    assert "gpufleet_driver_verison" not in known  # comments are not reads (check-variables.yml names it)
+    assert "gpufleet_driver_verison" not in known  # comments are not reads (check_variables.yml names it)
 
 
 def _documented() -> str:
@@ -97,7 +97,7 @@ def test_role_prefixed_and_overridden_names_in_group_vars_are_named_and_warn_goe
     inventory = local_inventory(tmp_path / "inv", ["gpu-1", "gpu-2"], {
         "nvidia_driver_hodl": False,              # nvidia_driver_hold
         "gpu_host_prep_allow_rebot": True,        # gpu_host_prep_allow_reboot
-        "gpufleet_upgrade_kubeconfig": "/k",      # upgrade-driver.yml sets it itself
+        "gpufleet_upgrade_kubeconfig": "/k",      # upgrade_driver.yml sets it itself
         "gpufleet_my_helper": "x",                # read by another value: not reported
         "gpufleet_kubernetes_kubeconfig": "{{ gpufleet_my_helper }}",
         "my_own_variable": 1,                     # no gpufleet prefix: not checked
@@ -108,11 +108,11 @@ def test_role_prefixed_and_overridden_names_in_group_vars_are_named_and_warn_goe
     assert sorted(found) == ["gpu_host_prep_allow_rebot", "gpufleet_upgrade_kubeconfig", "nvidia_driver_hodl"]
     assert found["nvidia_driver_hodl"]["suggestion"] == "nvidia_driver_hold"
     assert found["gpu_host_prep_allow_rebot"]["suggestion"] == "gpu_host_prep_allow_reboot"
-    assert found["gpufleet_upgrade_kubeconfig"]["assigned_in"] == "playbooks/upgrade-driver.yml"
+    assert found["gpufleet_upgrade_kubeconfig"]["assigned_in"] == "playbooks/upgrade_driver.yml"
     assert found["nvidia_driver_hodl"]["hosts"] == ["gpu-1", "gpu-2", "localhost"]
     msg = refused.results(TASK)["localhost"]["msg"]
     assert "gpufleet_upgrade_kubeconfig, set for every host (group all's variables or -e): " \
-           "playbooks/upgrade-driver.yml sets it itself, so this value is never used" in msg
+           "playbooks/upgrade_driver.yml sets it itself, so this value is never used" in msg
 
     warned = playbook(CHECK, inventory, "-e", "gpufleet_unknown_variables=warn")
     assert warned.rc == 0, warned.explain()

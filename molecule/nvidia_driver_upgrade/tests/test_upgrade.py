@@ -1,4 +1,4 @@
-"""End state of playbooks/upgrade-driver.yml, then two rollouts that must fail and stop where they should.
+"""End state of playbooks/upgrade_driver.yml, then two rollouts that must fail and stop where they should.
 
 The tests run in file order: the last two run the playbook again against the same hosts.
 """
@@ -15,7 +15,7 @@ import testinfra
 
 OLD, NEW = "535.216.03", "535.261.03"
 NVSWITCH, PLAIN = "gpufleet-upg-nvswitch", "gpufleet-upg-plain"
-PLAYBOOK = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", ".")) / "playbooks" / "upgrade-driver.yml"
+PLAYBOOK = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", ".")) / "playbooks" / "upgrade_driver.yml"
 BOOT = "cut -d' ' -f22 /proc/1/stat"
 
 
@@ -41,7 +41,7 @@ def _upgrade_time(host, version):
 
 
 def _playbook(version, tmp_path):
-    """Run upgrade-driver.yml against this scenario's inventory; returns the finished process."""
+    """Run upgrade_driver.yml against this scenario's inventory; returns the finished process."""
     log = tmp_path / "upgrade.log"
     run = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],

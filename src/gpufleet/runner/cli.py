@@ -47,8 +47,9 @@ Run site.yml (or --playbook) with ansible-runner: a live line per play, then
 a per-host table (ok, changed, failed, unreachable, skipped) and each failed
 task's message. The inventory defaults to the one ansible.cfg names
 ([defaults] inventory). Artifacts (events, a scrubbed stdout) go to
-.lab/runner/artifacts/ in the checkout ($GPUFLEET_RUNNER_DIR moves them);
-the newest 20 are kept ($GPUFLEET_RUNNER_KEEP).
+<state dir>/runner/artifacts/ ($GPUFLEET_RUNNER_DIR moves them); the newest
+20 are kept ($GPUFLEET_RUNNER_KEEP). site.yml's validation stage writes its
+report to <state dir>/validation-report, where `gpufleet report` reads it.
 """
 
 VALIDATE_HELP = """\

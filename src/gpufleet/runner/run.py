@@ -631,6 +631,9 @@ def run_playbook(
             # a checkout's ansible.cfg, or the one where an installed gpufleet is run from (if any)
             **({"ANSIBLE_CONFIG": str(cfg)} if (cfg := project / "ansible.cfg").is_file() else {}),
             "PATH": path,
+            # playbooks/validate.yml writes its report under it unless gpufleet_validation_report_dir says
+            # otherwise: where `gpufleet report` looks, and never inside the (maybe read-only) collection
+            STATE_DIR_ENV: str(state_dir(project)),
             "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
             **({} if color else {"ANSIBLE_NOCOLOR": "1"}),
             **_collections_env(project, private),
