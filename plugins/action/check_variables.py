@@ -17,6 +17,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.variables import (
 
 MODES = ("fail", "warn", "ignore")
 MODE_VARIABLE = "gpufleet_unknown_variables"
+ALLOWED_VARIABLE = "gpufleet_unknown_variables_allowed"
 
 
 class ActionModule(ActionBase):
@@ -51,7 +52,12 @@ class ActionModule(ActionBase):
             found = hostvars.raw_get(name) if hostvars is not None else {}
             if isinstance(found, dict):
                 raw[name] = found
-        findings = unknown_variables(raw, allowed=[str(a) for a in args.get("allowed") or []])
+        allowed = args.get("allowed") or []
+        if isinstance(allowed, str):  # -e gpufleet_unknown_variables_allowed=a,b
+            allowed = [a.strip() for a in allowed.split(",") if a.strip()]
+        if not isinstance(allowed, (list, tuple)):
+            raise AnsibleActionFail(f"{ALLOWED_VARIABLE} (allowed) is {allowed!r}; expected a list of names")
+        findings = unknown_variables(raw, allowed=[str(a) for a in allowed])
         result.update(changed=False, unknown=findings, known=len(known_variables()), hosts=len(raw))
         if not findings or mode == "ignore":
             result["msg"] = f"{len(raw)} hosts: every gpufleet variable set is one gpufleet reads"

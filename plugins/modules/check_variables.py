@@ -33,12 +33,15 @@ options:
   mode:
     description:
       - C(fail) fails the task naming each variable; C(warn) prints the same as a warning and goes on;
-        C(ignore) checks nothing. site.yml passes C(gpufleet_unknown_variables).
+        C(ignore) checks nothing. playbooks/check-variables.yml passes C(gpufleet_unknown_variables).
     type: str
     choices: [fail, warn, ignore]
     default: fail
   allowed:
-    description: Further names to accept (an operator's own variables with a gpufleet prefix).
+    description:
+      - Further names to accept (an operator's or a test scenario's own variables with a gpufleet prefix).
+        playbooks/check-variables.yml passes C(gpufleet_unknown_variables_allowed); a string is split at
+        commas.
     type: list
     elements: str
     default: []

@@ -130,6 +130,38 @@ def test_role_still_says_the_documented_name(fact: dict[str, Any]) -> None:
 # -- names that follow a setting --------------------------------------------------------------------------
 
 
+# What EL 8 and 9 install when the inventory sets no driver version: each role's own vars/RedHat.yml, not the
+# `default('535.261.03')` of its defaults/main.yml. Not verified against NVIDIA's rhel repositories
+# (docs/roles.md).
+EL_DEFAULT = {"branch": "535", "version": "535.261.03"}
+DEFAULT_VARIABLES = {
+    "nvidia_driver": ("nvidia_driver_branch", "nvidia_driver_version"),
+    "nvidia_mps": ("nvidia_mps_branch", "nvidia_mps_driver_version"),
+    "nvidia_fabricmanager": ("nvidia_fabricmanager_branch", "nvidia_fabricmanager_version"),
+}
+
+
+@pytest.mark.parametrize("distribution", sorted(EL_FACTS))
+@pytest.mark.parametrize("role", sorted(DEFAULT_VARIABLES))
+def test_el_default_driver_is_explicit_in_the_roles_redhat_vars(role: str, distribution: str) -> None:
+    own = yaml.safe_load((ROLES / role / "vars" / "RedHat.yml").read_text())
+    assert own.get(f"{role}_os_default_branch") == EL_DEFAULT["branch"], f"{role}/vars/RedHat.yml"
+    assert own.get(f"{role}_os_default_version") == EL_DEFAULT["version"], f"{role}/vars/RedHat.yml"
+    branch, version = DEFAULT_VARIABLES[role]
+    assert str(render(role, distribution, branch)) == EL_DEFAULT["branch"]
+    assert render(role, distribution, version) == EL_DEFAULT["version"]
+    # the inventory still wins
+    assert render(role, distribution, version, {"gpufleet_driver_version": "535.309.01"}) == "535.309.01"
+
+
+def test_roles_doc_names_the_el_default_as_not_verified() -> None:
+    paragraphs = (REPO / "docs/roles.md").read_text().split("\n\n")
+    section = " ".join(next(p for p in paragraphs if p.startswith("**EL's default.**")).split())
+    assert f"branch {EL_DEFAULT['branch']} / {EL_DEFAULT['version']}" in section
+    assert "**not verified** against NVIDIA's rhel repositories" in section
+    assert "the downgrade check reads rpm and refuses to move it back" in section
+
+
 @pytest.mark.parametrize(
     ("modules", "branch", "version", "stream", "kmod", "dkms"),
     [

@@ -76,3 +76,39 @@ def test_roles_doc_states_the_real_ubuntu_branches() -> None:
     example = _text("inventory/example/group_vars/all.yml")
     assert "it sets no RuntimeClass" not in example
     assert "gpufleet_kubernetes_device_plugin_runtime_class_name" in example
+
+
+def test_refusals_after_the_sources_are_written_are_not_said_to_change_nothing() -> None:
+    """The open-flavour and "not offered" refusals read what the package sources offer, so they come after
+    python3-debian, the deb822 sources and apt's index refresh (roles/nvidia_driver/tasks/repo-Debian.yml).
+    The docs used to say the run "fails before changing anything" there (audit of issue 30, gap 5)."""
+    tasks = yaml.safe_load((REPO / "roles/nvidia_driver/tasks/repo-Debian.yml").read_text())
+    names = [task["name"] for task in tasks]
+    refusal = names.index("Fail when the requested driver version is not offered")
+    for written in ("Ensure the Python library behind deb822_repository is installed",
+                    "Ensure Debian's contrib, non-free and non-free-firmware components are enabled",
+                    "Refresh the package index"):  # fmt: skip
+        assert names.index(written) < refusal, f"{written!r} comes after the refusal now: reword the docs"
+    roles_doc, readme = _text("docs/roles.md"), _text("roles/nvidia_driver/README.md")
+    start = roles_doc.index("**Debian 12's open kernel modules and the security update.**")
+    open_paragraph = roles_doc[start : roles_doc.index("Open modules are an explicit choice", start)]
+    for text in (open_paragraph, readme[readme.index("**Debian 12's open kernel modules**") :][:900]):
+        assert "fails before changing anything" not in text
+        assert "fails before any driver package or pin changes (the package sources are already" in text
+    assert "fails before any driver package or pin changes, naming the versions the source offers" in (
+        roles_doc
+    )
+
+
+def test_troubleshooting_names_the_runtimes_and_kubelet_the_lab_runs() -> None:
+    """The lab's kubelets (Kubernetes 1.37.2) run on containerd 1.6, 1.7 and 2.1 (docs/lab.md), and Ubuntu's
+    containerd 2.2.1 is in the contract matrix; docs/troubleshooting.md still said kubelet 1.20 and that
+    containerd 2.x never ran as a runtime (audit of issue 30, gap 6)."""
+    from gpufleet_harness.lab.spec import DEFAULT_HOSTS, K8S_VERSION
+
+    assert sorted({h.containerd for h in DEFAULT_HOSTS}) == ["1.6", "1.7", "2.1"]
+    text = _text("docs/troubleshooting.md")
+    assert "kubelet 1.20" not in text and "not as a running runtime" not in text
+    assert f"containerd 1.6/1.7/2.1 under kubelet {K8S_VERSION} in the lab" in text
+    assert f"1.6, 1.7 and 2.1 run as the lab's kubelets' runtimes (Kubernetes {K8S_VERSION}" in text
+    assert "Ubuntu's 2.2.1 (its binary when the Ubuntu archive answers" in text

@@ -29,8 +29,11 @@ pytestmark = [pytest.mark.root, pytest.mark.xdist_group("molecule")]
 UPGRADE = "playbooks/upgrade_driver.yml"
 PYTHON = "/usr/bin/python3"  # the test host's
 REFUSE = "Refuse a kubelet unit that systemd does not know"
+# gpufleet_upgrade_k8s_member is the preflight's own registered result (so the variable check is told to let
+# it through): as an extra var it wins over the register.
 AS_A_NODE = json.dumps({"gpufleet_kubernetes_kubeconfig": "/nonexistent/kubeconfig",
-                        "gpufleet_upgrade_k8s_member": {"resources": [{"kind": "Node"}]}})  # fmt: skip
+                        "gpufleet_upgrade_k8s_member": {"resources": [{"kind": "Node"}]},
+                        "gpufleet_unknown_variables_allowed": ["gpufleet_upgrade_k8s_member"]})  # fmt: skip
 
 
 @pytest.fixture(scope="module")

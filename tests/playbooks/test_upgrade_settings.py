@@ -18,6 +18,7 @@ from playbookrun import REPO, local_inventory, playbook
 UPGRADE = "playbooks/upgrade_driver.yml"
 CHECK = "Refuse a gpufleet_upgrade_batch that only the inventory sets (it would be ignored)"
 PREFIXES = ("gpufleet_", "esxi_", "nvidia_", "gpu_host_prep_")  # the names an operator sets
+VARIABLES_CHECK = "Check that every gpufleet variable the inventory and -e set is one gpufleet reads"
 BATCH_CHECK = "Check that the rollout's batches have the size asked for"
 ROLLOUT = "Upgrade the NVIDIA driver and fabric manager, one batch of hosts at a time"
 
@@ -32,7 +33,7 @@ def test_a_batch_size_set_only_in_the_inventory_is_refused_before_any_host_is_to
         "gpufleet_upgrade_batch is 2 for up-a, but this rollout's batches hold 1 host(s): Ansible sizes"
     )
     assert "pass -e gpufleet_upgrade_batch=2" in result["msg"] and "Nothing has been touched" in result["msg"]
-    assert refused.plays() == [BATCH_CHECK]
+    assert refused.plays() == [VARIABLES_CHECK, BATCH_CHECK]
 
     # as an extra var it is the batch size: 3 hosts in batches of 2, the check play ended after one batch
     honoured = playbook(UPGRADE, inventory, "--tags", "gpufleet-none", "-e", "gpufleet_upgrade_batch=2")
