@@ -35,10 +35,8 @@ IMPORT = {
 # Local hosts are this machine: runs that get past the check must change nothing (only `always` tasks run).
 SAFE = ("--check", "--tags", "gpufleet-none")
 # The hyphenated names are one-line aliases of the renamed playbooks (docs/install.md), checked through them.
-ALIASES = {"check-variables.yml", "upgrade-driver.yml"}
-STAGES = sorted(
-    p.name for p in (REPO / "playbooks").glob("*.yml") if p.name != "check_variables.yml" and p.name not in ALIASES
-)
+NOT_STAGES = {"check_variables.yml", "check-variables.yml", "upgrade-driver.yml"}
+STAGES = sorted(p.name for p in (REPO / "playbooks").glob("*.yml") if p.name not in NOT_STAGES)
 
 
 def _checked(run: Played) -> dict[str, Any]:
