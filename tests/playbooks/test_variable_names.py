@@ -134,8 +134,10 @@ def test_role_prefixed_and_overridden_names_in_group_vars_are_named_and_warn_goe
     assert found["gpufleet_upgrade_kubeconfig"]["assigned_in"] == "playbooks/upgrade_driver.yml"
     assert found["nvidia_driver_hodl"]["hosts"] == ["gpu-1", "gpu-2", "localhost"]
     msg = _checked(refused)["msg"]
-    assert "gpufleet_upgrade_kubeconfig, set for every host (group all's variables or -e): " \
-           "playbooks/upgrade_driver.yml sets it itself, so this value is never used" in msg
+    assert (
+        "gpufleet_upgrade_kubeconfig, set for every host (group all's variables or -e): "
+        "playbooks/upgrade_driver.yml sets it itself, so this value is never used" in msg
+    )
 
     warned = playbook(CHECK, inventory, "-e", "gpufleet_unknown_variables=warn")
     assert warned.rc == 0, warned.explain()
