@@ -112,7 +112,7 @@ def test_series_carry_dcgm_exporters_labels_and_units() -> None:
     assert power.value == pytest.approx(692.41)  # mW -> W
     assert samples(text, "DCGM_FI_DEV_FB_USED", gpu="1")[0].value == 1138  # bytes -> whole MiB
     assert samples(text, "DCGM_FI_DEV_FB_RESERVED", gpu="1")[0].value == 615
-    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="1")[0].value == 1024  # tx + rx KiB
+    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="1")[0].value == 0  # DCGM: first reading
     assert samples(text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="1")[0].value == FULL["energy_mj"]
     assert samples(text, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="1")[0].value == 4
     assert samples(text, "gpufleet_gpu_up", gpu="1")[0].value == 1
@@ -130,9 +130,74 @@ def test_a_counter_nvml_does_not_offer_leaves_its_series_out_and_only_it() -> No
         assert len(samples(text, name, gpu="1")) == 1
     assert len(samples(text, "DCGM_FI_DEV_POWER_USAGE", gpu="0")) == 1
     # NVLink bandwidth needs both directions
-    reader.answers[0] = reading(nvlink_raw_rx_kib=None)
+    reader.answers[0] = reading(nvlink_data_rx_kib=None)
     t.tick()
     assert samples(t.render(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == []
+
+
+def test_nvlink_bandwidth_is_dcgms_rate_of_the_data_counters_not_their_total() -> None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM 4.6.0 computes it (DcgmCacheManager.cpp,
+    ReadAndCacheNvLinkBandwidth): Δ(data tx + rx KiB) / Δs of NVML's timestamps / 1000, truncated; 0 on
+    a GPU's first reading; a total that grows for ever would read as a bandwidth that does too."""
+    reader = ScriptedReader()
+    t = telemetry(make_inventory(2), reader)
+    stamp = FULL["nvlink_stamp_us"]
+
+    def bandwidth(gpu: str = "0") -> float:
+        [found] = samples(t.render(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu=gpu)
+        return float(found.value)
+
+    def answer(tx: float, rx: float, at: float) -> None:
+        reader.answers[0] = reading(nvlink_data_tx_kib=tx, nvlink_data_rx_kib=rx, nvlink_stamp_us=at)
+
+    answer(5_000_000, 3_000_000, stamp)
+    t.tick()
+    assert bandwidth() == 0  # the first reading: nothing to compare with
+    # 25,000,000 KiB sent and 24,999,999 received over 2 s: 24,999,999.5 KiB/s, DCGM's 24,999 "MB/s"
+    answer(30_000_000, 27_999_999, stamp + 2_000_000)
+    t.tick()
+    assert bandwidth() == 24_999
+    answer(30_000_000, 27_999_999, stamp + 12_000_000)  # nothing moved for 10 s
+    t.tick()
+    assert bandwidth() == 0
+    answer(30_000_000 + 1500, 27_999_999, stamp + 12_500_000)  # 3,000 KiB/s: 3 "MB/s"
+    t.tick()
+    assert bandwidth() == 3
+    # the driver reloaded (counters back near 0): 0, not DCGM's negative rate, and counting resumes
+    answer(1000, 1000, stamp + 13_500_000)
+    t.tick()
+    assert bandwidth() == 0
+    answer(1000 + 4_000_000, 1000, stamp + 14_500_000)
+    t.tick()
+    assert bandwidth() == 4000
+    # a GPU whose readings lack the counters has no series, and starts afresh when they come back
+    reader.answers[0] = reading(nvlink_data_tx_kib=None)
+    t.tick()
+    assert samples(t.render(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == []
+    answer(9_000_000, 1000, stamp + 20_000_000)
+    t.tick()
+    assert bandwidth() == 0
+    assert bandwidth("1") == 0  # GPU 1 read the same counters each round: nothing moved
+
+
+def test_a_hung_gpus_nvlink_bandwidth_keeps_the_rate_of_its_last_reading() -> None:
+    reader = ScriptedReader()
+    t = telemetry(make_inventory(1), reader, gpu_timeout_s=0.2, interval_s=60)
+    stamp = FULL["nvlink_stamp_us"]
+    reader.answers[0] = reading(nvlink_data_tx_kib=0, nvlink_data_rx_kib=1000, nvlink_stamp_us=stamp)
+    t.tick()
+    reader.answers[0] = reading(nvlink_data_tx_kib=0,
+                                nvlink_data_rx_kib=1_001_000, nvlink_stamp_us=stamp + 1e6)
+    t.tick()
+    release = threading.Event()
+    reader.answers[0] = lambda gpu: release.wait(10) and reading()
+    try:
+        t.tick()  # abandoned after 0.2 s: the last reading is served again
+        text = t.render()
+        assert samples(text, "gpufleet_gpu_up", gpu="0")[0].value == 0
+        assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0")[0].value == 1000
+    finally:
+        release.set()
 
 
 def test_xid_errors_is_the_gpus_last_xid_with_its_code() -> None:

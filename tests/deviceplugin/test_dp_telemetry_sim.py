@@ -133,13 +133,33 @@ def test_a_series_exists_exactly_when_the_simulators_nvml_answers_its_getter(nod
         answers = _nvml_answers(node.env, getter)
         served = bool(samples(text, name, gpu="0"))
         assert served == answers, f"{name}: served {served}, but NVML answers {getter}: {answers}"
-    # the field values: the A100's memory sensor answers (served, with its reading), NVLink throughput does
-    # not (the simulator answers NOT_SUPPORTED for it, as the real H200 did: left out)
+    # the field values: the A100's memory sensor answers (served, with its reading), and so do the NVLink
+    # data counters of the DGX's 12 links (served as DCGM's rate: test_nvlink_bandwidth_is_dcgms_rate_…)
     memory_temp = _field_answers(node.env, 82)
     assert memory_temp is not None
     assert [s.value for s in samples(text, "DCGM_FI_DEV_MEMORY_TEMP", gpu="0")] == [memory_temp]
-    assert _field_answers(node.env, 140, 0xFFFFFFFF) is None
-    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") == []
+    assert _field_answers(node.env, 138, 0xFFFFFFFF) is not None
+    assert len(samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0")) == 1
+
+
+def test_nvlink_bandwidth_is_dcgms_rate_while_a_gpu_works_and_0_when_it_rests(node: Node) -> None:
+    """DCGM's MB/s (Δ KiB / s / 1000) of the data the simulator's model moves: 1 GiB/s per link and direction
+    while busy, so 2 x 1024 x 12 links = 24,576 on the DGX's A100; 0 at rest (never an ever-growing total)."""
+    from gpufleet_harness.sim import workload
+
+    def bandwidth() -> float:
+        [found] = samples(node.metrics(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="4")
+        return float(found.value)
+
+    assert bandwidth() == 0
+    expected = 2 * 1024 * 12
+    load = workload.start(node.root, 4, seconds=120.0)
+    try:
+        # within 1 %: the counters follow the sim clock in ms, the rate NVML's timestamps in µs
+        wait_for(lambda: abs(bandwidth() - expected) <= expected / 100, f"about {expected} on GPU 4")
+    finally:
+        workload.stop(node.root, ids=[load.id])
+    wait_for(lambda: bandwidth() == 0, "0 once GPU 4 rests (after its power's linger)", 30)
 
 
 def test_a_pod_holding_a_gpu_labels_its_series(node: Node) -> None:
