@@ -11,11 +11,19 @@ import time
 from dataclasses import replace
 
 import pytest
-from dp_helpers import make_inventory, wait_for
+from dp_helpers import FakeSource, make_inventory, wait_for
 from telemetry_helpers import FULL, ScriptedReader, events, families, reading, samples
 
 from gpufleet.deviceplugin.metrics import HttpEndpoint, Metrics
-from gpufleet.deviceplugin.rm.model import GIB, MigDeviceInfo, NodeInventory
+from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager
+from gpufleet.deviceplugin.rm.model import (
+    GIB,
+    HealthEvent,
+    HealthEventKind,
+    MigDeviceInfo,
+    NodeInventory,
+    SourceUnavailable,
+)
 from gpufleet.deviceplugin.telemetry.exporter import GpuSample, Settings, Telemetry
 from gpufleet.deviceplugin.telemetry.fields import FIELDS, LEFT_OUT
 from gpufleet.deviceplugin.telemetry.pods import Attribution, Holder, MemoryShare
@@ -61,6 +69,7 @@ def telemetry(
     reader: ScriptedReader,
     attribution: Attribution | None = None,
     xids: dict[str, int] | None = None,
+    watched: bool = True,
     **settings: float,
 ) -> Telemetry:
     inventory = replace(inventory, driver_version=DRIVER)
@@ -72,7 +81,7 @@ def telemetry(
     return Telemetry(
         lambda: inventory,
         reader,
-        lambda: dict(xids or {}),
+        lambda: dict(xids or {}) if watched else None,
         attribute if attribution is not None else None,
         HOST,
         Settings(**settings),
@@ -208,6 +217,48 @@ def test_xid_errors_is_the_gpus_last_xid_with_its_code() -> None:
     assert samples(text, "DCGM_FI_DEV_XID_ERRORS", gpu="0")[0].value == 0
     [xid] = samples(text, "DCGM_FI_DEV_XID_ERRORS", gpu="1")
     assert xid.value == 79 and xid.labels["err_code"] == "79"
+
+
+def test_xid_errors_is_left_out_while_nothing_watches_for_xids(caplog: pytest.LogCaptureFixture) -> None:
+    """With health checks off, or NVML's event set unavailable, nobody hears an XID: serving 0 ("none since
+    the plugin started") would be a claim nobody can make."""
+    t = telemetry(make_inventory(2), ScriptedReader(), watched=False)
+    t.tick()
+    text = t.render()
+    assert samples(text, "DCGM_FI_DEV_XID_ERRORS") == []
+    assert len(samples(text, "DCGM_FI_DEV_GPU_TEMP")) == 2  # the rest is served
+
+    def manager(source: FakeSource, enabled: bool) -> ResourceManager:
+        rm = ResourceManager(source, [], HealthSettings(enabled=enabled, probe_interval_s=0.05))
+        rm.start()
+        return rm
+
+    off = manager(FakeSource(), enabled=False)
+    try:
+        assert off.last_xids() is None
+    finally:
+        off.stop()
+    source = FakeSource()
+    on = manager(source, enabled=True)
+    try:
+        wait_for(lambda: on.last_xids() == {}, "the event set open: no XID yet")
+        source.events.put(HealthEvent(HealthEventKind.XID, source.inv.gpus[0].uuid, 43))
+        wait_for(lambda: on.last_xids() == {source.inv.gpus[0].uuid: 43}, "XID 43")
+    finally:
+        on.stop()
+    caplog.set_level(logging.INFO, logger="gpufleet")
+
+    def no_events(uuids: object) -> None:
+        raise SourceUnavailable("events not supported")
+
+    broken = FakeSource()
+    broken.open_events = no_events  # type: ignore[method-assign,assignment]
+    unwatched = manager(broken, enabled=True)
+    try:
+        wait_for(lambda: events(caplog, "health_events_unavailable"), "the event set refused")
+        assert unwatched.last_xids() is None
+    finally:
+        unwatched.stop()
 
 
 def test_a_lost_gpu_serves_no_values_and_says_so_while_the_others_are_served(

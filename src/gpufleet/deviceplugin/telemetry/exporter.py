@@ -115,7 +115,7 @@ class Telemetry:
         self,
         inventory: Callable[[], NodeInventory],
         read: Callable[[GpuInfo], GpuSample],
-        xids: Callable[[], Mapping[str, int]],
+        xids: Callable[[], Mapping[str, int] | None],
         attribute: Callable[[Iterable[str], Iterable[str]], Attribution] | None,
         host: str,
         settings: Settings | None = None,
@@ -244,7 +244,7 @@ def _family(name: str, kind: str, text: str, samples: list[str], out: list[str])
 def render(
     served: list[_Served],
     attribution: Attribution,
-    xids: Mapping[str, int],
+    xids: Mapping[str, int] | None,
     driver: str,
     host: str,
     *,
@@ -271,7 +271,7 @@ def render(
                 samples += _mig_samples(f.name, s, base[s.gpu.uuid], attribution)
         _family(f.name, f.kind, f.help, samples, out)
     xid_samples = []
-    for s in with_values:
+    for s in with_values if xids is not None else ():  # XIDs not watched: no claim of "none"
         code = xids.get(s.gpu.uuid, 0)
         for lab in _per_holder(base[s.gpu.uuid], _holders(attribution, s.gpu)):
             xid_samples.append(series(XID_FIELD, (*lab, ("err_code", str(code))), code))

@@ -143,7 +143,7 @@ FIELDS: tuple[Field, ...] = (
 )
 
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
-XID_HELP = "The last XID error the GPU reported (0: none since the plugin started)."
+XID_HELP = "The last XID error the GPU reported (0: none since the plugin started; absent: not watched)."
 MIG_FIELDS = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED")
 """The fields a MIG device has series of its own for (NVML answers memory per MIG device only)."""
 
