@@ -147,17 +147,17 @@ XID_HELP = "The last XID error the GPU reported (0: none since the plugin starte
 MIG_FIELDS = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED")
 """The fields a MIG device has series of its own for (NVML answers memory per MIG device only)."""
 
-# dcgm-exporter's default counters NVML cannot give, and why (docs/metrics.md says the same).
+_PCIE_WHY = (
+    "a profiling field: DCGM reads its profiling module (DCP) or, from Hopper on, NVML's GPM metrics "
+    "(nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC, two samples apart), not NVML's byte counters 197/198"
+)
+# dcgm-exporter's default counters gpufleet does not serve, and why (docs/metrics.md says the same).
 LEFT_OUT: dict[str, str] = {
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
     "DCGM_FI_PROF_DRAM_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
-    "DCGM_FI_PROF_PCIE_TX_BYTES": (
-        "a profiling (DCP) field; NVML's nearest, nvmlDeviceGetPcieThroughput, samples for 20 ms per call"
-    ),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": (
-        "a profiling (DCP) field; NVML's nearest, nvmlDeviceGetPcieThroughput, samples for 20 ms per call"
-    ),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": _PCIE_WHY,
+    "DCGM_FI_PROF_PCIE_RX_BYTES": _PCIE_WHY,
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "licensing of vGPU guests; gpufleet runs bare metal and passthrough",
 }
 
