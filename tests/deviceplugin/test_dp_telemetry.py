@@ -4,11 +4,15 @@ prometheus_client's parser throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from dp_helpers import FakeSource, make_inventory, wait_for
@@ -426,6 +430,48 @@ def test_the_http_endpoint_costs_the_same_whatever_a_request_carries() -> None:
         http.stop()
 
 
+def test_trickling_or_crowding_clients_hold_few_threads_and_not_for_long() -> None:
+    """Clients that send their headers a byte at a time (each byte well inside the per-read timeout) are cut
+    off at the header deadline; beyond the connection cap a connection is closed unanswered; a scrape is
+    served again once the tricklers are gone. (Before: one thread per connection, for ever.)"""
+    http = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, "ok"), lambda: "",
+                        header_deadline_s=2.0, max_connections=3)  # fmt: skip
+    http.start()
+    cut: list[str] = []
+
+    def trickle(conn: socket.socket) -> None:
+        try:
+            conn.sendall(b"GET /metrics HTTP/1.0\r\nX-Slow: ")
+            for _ in range(600):  # 60 s at most
+                conn.sendall(b"a")
+                time.sleep(0.1)
+                conn.settimeout(0.001)
+                with contextlib.suppress(TimeoutError):
+                    if conn.recv(1) == b"":
+                        cut.append("closed")
+                        return
+                conn.settimeout(None)
+        except OSError as exc:
+            cut.append(type(exc).__name__)
+        finally:
+            conn.close()
+
+    try:
+        slow = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(3)]
+        threads = [threading.Thread(target=trickle, args=(c,), daemon=True) for c in slow]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: _raw(http.port, b"GET /metrics HTTP/1.0\r\n\r\n") == b"",
+                 "a fourth connection closed unanswered")  # fmt: skip
+        for thread in threads:
+            thread.join(30)
+        assert len(cut) == 3, f"tricklers still served after the header deadline: {cut}"
+        assert wait_for(lambda: _raw(http.port, b"GET /healthz HTTP/1.0\r\n\r\n"), "served again").startswith(
+            b"HTTP/1.0 200")
+    finally:
+        http.stop()
+
+
 def _raw(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(request)
@@ -436,3 +482,14 @@ def _raw(port: int, request: bytes) -> bytes:
         except ConnectionResetError:
             pass  # the server closed with request bytes unread (the body it never reads): what came, counts
     return b"".join(chunks)
+
+
+def test_the_benchs_help_says_what_it_measures_in_whole_sentences() -> None:
+    """`bench/telemetry_bench.py --help` (docs/metrics.md, Cost) printed its docstring's first line, cut
+    mid-sentence; it prints the whole docstring, usage and method."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "telemetry_bench.py"
+    done = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    text = " ".join(done.stdout.split())
+    assert "CPU per collection round, and Allocate latency with telemetry off and on." in text, done.stdout
+    assert "--runs 3" in text and "Figures, not assertions." in text
