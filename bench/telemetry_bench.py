@@ -186,7 +186,8 @@ def row(label: str, r: dict[str, float]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("fixtures", nargs="*", default=["dgx-a100", "node-40-gpus"])
     parser.add_argument("--scrapes", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=50, help="collection rounds timed back to back")
