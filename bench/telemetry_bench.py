@@ -1,7 +1,7 @@
 """GPU telemetry's cost on the simulator: scrape latency and CPU per scrape, CPU per collection round, and
 Allocate latency with telemetry off and on.
 
-    python bench/telemetry_bench.py [--scrapes 500] [--rounds 30] [--allocs 1000] [FIXTURE ...]
+    python bench/telemetry_bench.py [--runs 3] [--scrapes 500] [--rounds 50] [--allocs 1000] [FIXTURE ...]
 
 Per fixture (default dgx-a100, 8 GPUs, and node-40-gpus) the plugin runs as its own process on a fresh sim
 root, registered with this process playing the kubelet (deviceplugin_bench.plugin_session), with a fake
@@ -186,7 +186,8 @@ def row(label: str, r: dict[str, float]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("fixtures", nargs="*", default=["dgx-a100", "node-40-gpus"])
     parser.add_argument("--scrapes", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=50, help="collection rounds timed back to back")

@@ -44,8 +44,9 @@ FULL: dict[str, float] = {
     "ecc_dbe_volatile": 0,
     "ecc_sbe_aggregate": 0,
     "ecc_dbe_aggregate": 0,
-    "nvlink_raw_tx_kib": 1000,
-    "nvlink_raw_rx_kib": 24,
+    "nvlink_data_tx_kib": 1000,
+    "nvlink_data_rx_kib": 24,
+    "nvlink_stamp_us": 1_795_000_000_000_000,
 }
 assert set(FULL) == set(CALLS), "the scripted reading must cover every key of gpufleet.gpu.telemetry"
 

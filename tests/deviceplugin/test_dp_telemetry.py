@@ -4,18 +4,30 @@ prometheus_client's parser throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from dp_helpers import make_inventory, wait_for
+from dp_helpers import FakeSource, make_inventory, wait_for
 from telemetry_helpers import FULL, ScriptedReader, events, families, reading, samples
 
 from gpufleet.deviceplugin.metrics import HttpEndpoint, Metrics
-from gpufleet.deviceplugin.rm.model import GIB, MigDeviceInfo, NodeInventory
+from gpufleet.deviceplugin.rm.manager import HealthSettings, ResourceManager
+from gpufleet.deviceplugin.rm.model import (
+    GIB,
+    HealthEvent,
+    HealthEventKind,
+    MigDeviceInfo,
+    NodeInventory,
+    SourceUnavailable,
+)
 from gpufleet.deviceplugin.telemetry.exporter import GpuSample, Settings, Telemetry
 from gpufleet.deviceplugin.telemetry.fields import FIELDS, LEFT_OUT
 from gpufleet.deviceplugin.telemetry.pods import Attribution, Holder, MemoryShare
@@ -61,6 +73,7 @@ def telemetry(
     reader: ScriptedReader,
     attribution: Attribution | None = None,
     xids: dict[str, int] | None = None,
+    watched: bool = True,
     **settings: float,
 ) -> Telemetry:
     inventory = replace(inventory, driver_version=DRIVER)
@@ -72,7 +85,7 @@ def telemetry(
     return Telemetry(
         lambda: inventory,
         reader,
-        lambda: dict(xids or {}),
+        lambda: dict(xids or {}) if watched else None,
         attribute if attribution is not None else None,
         HOST,
         Settings(**settings),
@@ -112,7 +125,7 @@ def test_series_carry_dcgm_exporters_labels_and_units() -> None:
     assert power.value == pytest.approx(692.41)  # mW -> W
     assert samples(text, "DCGM_FI_DEV_FB_USED", gpu="1")[0].value == 1138  # bytes -> whole MiB
     assert samples(text, "DCGM_FI_DEV_FB_RESERVED", gpu="1")[0].value == 615
-    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="1")[0].value == 1024  # tx + rx KiB
+    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="1")[0].value == 0  # DCGM: first reading
     assert samples(text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="1")[0].value == FULL["energy_mj"]
     assert samples(text, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="1")[0].value == 4
     assert samples(text, "gpufleet_gpu_up", gpu="1")[0].value == 1
@@ -130,9 +143,74 @@ def test_a_counter_nvml_does_not_offer_leaves_its_series_out_and_only_it() -> No
         assert len(samples(text, name, gpu="1")) == 1
     assert len(samples(text, "DCGM_FI_DEV_POWER_USAGE", gpu="0")) == 1
     # NVLink bandwidth needs both directions
-    reader.answers[0] = reading(nvlink_raw_rx_kib=None)
+    reader.answers[0] = reading(nvlink_data_rx_kib=None)
     t.tick()
     assert samples(t.render(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == []
+
+
+def test_nvlink_bandwidth_is_dcgms_rate_of_the_data_counters_not_their_total() -> None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM 4.6.0 computes it (DcgmCacheManager.cpp,
+    ReadAndCacheNvLinkBandwidth): Δ(data tx + rx KiB) / Δs of NVML's timestamps / 1000, truncated; 0 on
+    a GPU's first reading; a total that grows for ever would read as a bandwidth that does too."""
+    reader = ScriptedReader()
+    t = telemetry(make_inventory(2), reader)
+    stamp = FULL["nvlink_stamp_us"]
+
+    def bandwidth(gpu: str = "0") -> float:
+        [found] = samples(t.render(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu=gpu)
+        return float(found.value)
+
+    def answer(tx: float, rx: float, at: float) -> None:
+        reader.answers[0] = reading(nvlink_data_tx_kib=tx, nvlink_data_rx_kib=rx, nvlink_stamp_us=at)
+
+    answer(5_000_000, 3_000_000, stamp)
+    t.tick()
+    assert bandwidth() == 0  # the first reading: nothing to compare with
+    # 25,000,000 KiB sent and 24,999,999 received over 2 s: 24,999,999.5 KiB/s, DCGM's 24,999 "MB/s"
+    answer(30_000_000, 27_999_999, stamp + 2_000_000)
+    t.tick()
+    assert bandwidth() == 24_999
+    answer(30_000_000, 27_999_999, stamp + 12_000_000)  # nothing moved for 10 s
+    t.tick()
+    assert bandwidth() == 0
+    answer(30_000_000 + 1500, 27_999_999, stamp + 12_500_000)  # 3,000 KiB/s: 3 "MB/s"
+    t.tick()
+    assert bandwidth() == 3
+    # the driver reloaded (counters back near 0): 0, not DCGM's negative rate, and counting resumes
+    answer(1000, 1000, stamp + 13_500_000)
+    t.tick()
+    assert bandwidth() == 0
+    answer(1000 + 4_000_000, 1000, stamp + 14_500_000)
+    t.tick()
+    assert bandwidth() == 4000
+    # a GPU whose readings lack the counters has no series, and starts afresh when they come back
+    reader.answers[0] = reading(nvlink_data_tx_kib=None)
+    t.tick()
+    assert samples(t.render(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == []
+    answer(9_000_000, 1000, stamp + 20_000_000)
+    t.tick()
+    assert bandwidth() == 0
+    assert bandwidth("1") == 0  # GPU 1 read the same counters each round: nothing moved
+
+
+def test_a_hung_gpus_nvlink_bandwidth_keeps_the_rate_of_its_last_reading() -> None:
+    reader = ScriptedReader()
+    t = telemetry(make_inventory(1), reader, gpu_timeout_s=0.2, interval_s=60)
+    stamp = FULL["nvlink_stamp_us"]
+    reader.answers[0] = reading(nvlink_data_tx_kib=0, nvlink_data_rx_kib=1000, nvlink_stamp_us=stamp)
+    t.tick()
+    reader.answers[0] = reading(nvlink_data_tx_kib=0,
+                                nvlink_data_rx_kib=1_001_000, nvlink_stamp_us=stamp + 1e6)
+    t.tick()
+    release = threading.Event()
+    reader.answers[0] = lambda gpu: release.wait(10) and reading()
+    try:
+        t.tick()  # abandoned after 0.2 s: the last reading is served again
+        text = t.render()
+        assert samples(text, "gpufleet_gpu_up", gpu="0")[0].value == 0
+        assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0")[0].value == 1000
+    finally:
+        release.set()
 
 
 def test_xid_errors_is_the_gpus_last_xid_with_its_code() -> None:
@@ -143,6 +221,48 @@ def test_xid_errors_is_the_gpus_last_xid_with_its_code() -> None:
     assert samples(text, "DCGM_FI_DEV_XID_ERRORS", gpu="0")[0].value == 0
     [xid] = samples(text, "DCGM_FI_DEV_XID_ERRORS", gpu="1")
     assert xid.value == 79 and xid.labels["err_code"] == "79"
+
+
+def test_xid_errors_is_left_out_while_nothing_watches_for_xids(caplog: pytest.LogCaptureFixture) -> None:
+    """With health checks off, or NVML's event set unavailable, nobody hears an XID: serving 0 ("none since
+    the plugin started") would be a claim nobody can make."""
+    t = telemetry(make_inventory(2), ScriptedReader(), watched=False)
+    t.tick()
+    text = t.render()
+    assert samples(text, "DCGM_FI_DEV_XID_ERRORS") == []
+    assert len(samples(text, "DCGM_FI_DEV_GPU_TEMP")) == 2  # the rest is served
+
+    def manager(source: FakeSource, enabled: bool) -> ResourceManager:
+        rm = ResourceManager(source, [], HealthSettings(enabled=enabled, probe_interval_s=0.05))
+        rm.start()
+        return rm
+
+    off = manager(FakeSource(), enabled=False)
+    try:
+        assert off.last_xids() is None
+    finally:
+        off.stop()
+    source = FakeSource()
+    on = manager(source, enabled=True)
+    try:
+        wait_for(lambda: on.last_xids() == {}, "the event set open: no XID yet")
+        source.events.put(HealthEvent(HealthEventKind.XID, source.inv.gpus[0].uuid, 43))
+        wait_for(lambda: on.last_xids() == {source.inv.gpus[0].uuid: 43}, "XID 43")
+    finally:
+        on.stop()
+    caplog.set_level(logging.INFO, logger="gpufleet")
+
+    def no_events(uuids: object) -> None:
+        raise SourceUnavailable("events not supported")
+
+    broken = FakeSource()
+    broken.open_events = no_events  # type: ignore[method-assign,assignment]
+    unwatched = manager(broken, enabled=True)
+    try:
+        wait_for(lambda: events(caplog, "health_events_unavailable"), "the event set refused")
+        assert unwatched.last_xids() is None
+    finally:
+        unwatched.stop()
 
 
 def test_a_lost_gpu_serves_no_values_and_says_so_while_the_others_are_served(
@@ -310,6 +430,48 @@ def test_the_http_endpoint_costs_the_same_whatever_a_request_carries() -> None:
         http.stop()
 
 
+def test_trickling_or_crowding_clients_hold_few_threads_and_not_for_long() -> None:
+    """Clients that send their headers a byte at a time (each byte well inside the per-read timeout) are cut
+    off at the header deadline; beyond the connection cap a connection is closed unanswered; a scrape is
+    served again once the tricklers are gone. (Before: one thread per connection, for ever.)"""
+    http = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, "ok"), lambda: "",
+                        header_deadline_s=2.0, max_connections=3)  # fmt: skip
+    http.start()
+    cut: list[str] = []
+
+    def trickle(conn: socket.socket) -> None:
+        try:
+            conn.sendall(b"GET /metrics HTTP/1.0\r\nX-Slow: ")
+            for _ in range(600):  # 60 s at most
+                conn.sendall(b"a")
+                time.sleep(0.1)
+                conn.settimeout(0.001)
+                with contextlib.suppress(TimeoutError):
+                    if conn.recv(1) == b"":
+                        cut.append("closed")
+                        return
+                conn.settimeout(None)
+        except OSError as exc:
+            cut.append(type(exc).__name__)
+        finally:
+            conn.close()
+
+    try:
+        slow = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(3)]
+        threads = [threading.Thread(target=trickle, args=(c,), daemon=True) for c in slow]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: _raw(http.port, b"GET /metrics HTTP/1.0\r\n\r\n") == b"",
+                 "a fourth connection closed unanswered")  # fmt: skip
+        for thread in threads:
+            thread.join(30)
+        assert len(cut) == 3, f"tricklers still served after the header deadline: {cut}"
+        assert wait_for(lambda: _raw(http.port, b"GET /healthz HTTP/1.0\r\n\r\n"), "served again").startswith(
+            b"HTTP/1.0 200")
+    finally:
+        http.stop()
+
+
 def _raw(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(request)
@@ -320,3 +482,14 @@ def _raw(port: int, request: bytes) -> bytes:
         except ConnectionResetError:
             pass  # the server closed with request bytes unread (the body it never reads): what came, counts
     return b"".join(chunks)
+
+
+def test_the_benchs_help_says_what_it_measures_in_whole_sentences() -> None:
+    """`bench/telemetry_bench.py --help` (docs/metrics.md, Cost) printed its docstring's first line, cut
+    mid-sentence; it prints the whole docstring, usage and method."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "telemetry_bench.py"
+    done = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    text = " ".join(done.stdout.split())
+    assert "CPU per collection round, and Allocate latency with telemetry off and on." in text, done.stdout
+    assert "--runs 3" in text and "Figures, not assertions." in text

@@ -133,13 +133,33 @@ def test_a_series_exists_exactly_when_the_simulators_nvml_answers_its_getter(nod
         answers = _nvml_answers(node.env, getter)
         served = bool(samples(text, name, gpu="0"))
         assert served == answers, f"{name}: served {served}, but NVML answers {getter}: {answers}"
-    # the field values: the A100's memory sensor answers (served, with its reading), NVLink throughput does
-    # not (the simulator answers NOT_SUPPORTED for it, as the real H200 did: left out)
+    # the field values: the A100's memory sensor answers (served, with its reading), and so do the NVLink
+    # data counters of the DGX's 12 links (served as DCGM's rate: test_nvlink_bandwidth_is_dcgms_rate_…)
     memory_temp = _field_answers(node.env, 82)
     assert memory_temp is not None
     assert [s.value for s in samples(text, "DCGM_FI_DEV_MEMORY_TEMP", gpu="0")] == [memory_temp]
-    assert _field_answers(node.env, 140, 0xFFFFFFFF) is None
-    assert samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") == []
+    assert _field_answers(node.env, 138, 0xFFFFFFFF) is not None
+    assert len(samples(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0")) == 1
+
+
+def test_nvlink_bandwidth_is_dcgms_rate_while_a_gpu_works_and_0_when_it_rests(node: Node) -> None:
+    """DCGM's MB/s (Δ KiB / s / 1000) of the data the simulator's model moves: 1 GiB/s per link and direction
+    while busy, so 2 x 1024 x 12 links = 24,576 on the DGX's A100; 0 at rest (never an ever-growing total)."""
+    from gpufleet_harness.sim import workload
+
+    def bandwidth() -> float:
+        [found] = samples(node.metrics(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="4")
+        return float(found.value)
+
+    assert bandwidth() == 0
+    expected = 2 * 1024 * 12
+    load = workload.start(node.root, 4, seconds=120.0)
+    try:
+        # within 1 %: the counters follow the sim clock in ms, the rate NVML's timestamps in µs
+        wait_for(lambda: abs(bandwidth() - expected) <= expected / 100, f"about {expected} on GPU 4")
+    finally:
+        workload.stop(node.root, ids=[load.id])
+    wait_for(lambda: bandwidth() == 0, "0 once GPU 4 rests (after its power's linger)", 30)
 
 
 def test_a_pod_holding_a_gpu_labels_its_series(node: Node) -> None:
@@ -174,11 +194,14 @@ def test_an_xid_shows_in_xid_errors(node: Node) -> None:
 
 
 def test_debians_prometheus_scrapes_every_gpu_and_the_pod_labels(node: Node, tmp_path: Path) -> None:
-    node.pods.pods = [("team-b", "infer-0", [("app", {"nvidia.com/gpu": [node.uuids[6]]})])]
+    shared = node.uuids[5]  # time-sliced: two pods hold a replica each, so GPU 5 has two series of each field
+    node.pods.pods = [("team-b", "infer-0", [("app", {"nvidia.com/gpu": [node.uuids[6]]})]),
+                      ("team-c", "slice-0", [("app", {"nvidia.com/gpu": [f"{shared}::0"]})]),
+                      ("team-c", "slice-1", [("app", {"nvidia.com/gpu": [f"{shared}::1"]})])]  # fmt: skip
     target = ScrapeTarget(f"127.0.0.1:{node.port}", {"node": "sim-dgx"})
     try:
         with Prometheus(tmp_path / "prometheus", [target], interval_s=0.5) as prom:
-            found = prom.wait_for('count(DCGM_FI_DEV_FB_USED{node="sim-dgx"}) == 8')
+            found = prom.wait_for('count(count by (UUID) (DCGM_FI_DEV_FB_USED{node="sim-dgx"})) == 8')
             assert found[0]["value"][1] == "8"
             [held] = prom.wait_for('DCGM_FI_DEV_GPU_UTIL{pod="infer-0",namespace="team-b"}')
             assert held["metric"]["UUID"] == node.uuids[6] and held["metric"]["container"] == "app"
@@ -187,11 +210,22 @@ def test_debians_prometheus_scrapes_every_gpu_and_the_pod_labels(node: Node, tmp
             # the counters' TYPE lines are dcgm-exporter's (no _total suffix), which Prometheus accepts
             meta = prom.api("metadata", metric="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
             assert meta["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"][0]["type"] == "counter"
+            prom.wait_for(f'count(DCGM_FI_DEV_POWER_USAGE{{UUID="{shared}"}}) == 2')
             # every query of the shipped Grafana dashboard is valid PromQL with answers here (GPU-memory
-            # shares excepted: this node does not share GPU memory)
+            # shares excepted: this node does not share GPU memory), and but for the per-pod panels shows
+            # or counts each GPU once, the shared one too (its series repeat per holder)
             for title, expr in dashboard_queries():
-                found = prom.query(expr.replace("$node", ".*").replace("$gpu", ".*"))
+                query = expr.replace("$node", ".*").replace("$gpu", ".*")
+                found = prom.query(query)
                 assert found or "gpufleet_pod_gpu_memory_bytes" in expr, f"panel {title!r}: {expr} is empty"
+                if "by pod" in title:
+                    continue
+                if query.startswith(("sum(", "avg(")):  # a total or an average over the GPUs
+                    [counted] = prom.query("count(" + query[4:])
+                    assert counted["value"][1] == str(GPUS), f"panel {title!r} counts {counted} GPUs: {expr}"
+                else:
+                    gpus = [(s["metric"]["Hostname"], s["metric"]["gpu"]) for s in found]
+                    assert sorted(gpus) == sorted(set(gpus)) and len(gpus) == GPUS, f"panel {title!r}: {gpus}"
     finally:
         node.pods.pods = []
     assert families(node.metrics())  # the plugin still serves after being scraped

@@ -3,6 +3,9 @@ shapes, waits' explanations, connection option handling."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -535,6 +538,53 @@ def test_named_wait_names_each_short_node_with_its_configuration() -> None:
     nodes, warnings = k8s_deviceplugin.wait_named_resources(kube, named, gpus, 0, explain)  # type: ignore[arg-type]
     assert nodes["b"] == {"config": "sliced", "resource": "nvidia.com/gpu", "capacity": 8, "allocatable": 8}
     assert warnings == []
+
+
+ROLE = REPO / "roles" / "gpufleet_kubernetes"
+# What the role hands the module as the plugin's configuration, for each inventory (task-level vars play the
+# inventory's part: they override the role's defaults and vars as an inventory does).
+ROLE_CONFIGS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({}, {"http": {"port": 9402}}),  # a plain site.yml: /metrics on
+    ({"gpufleet_kubernetes_device_plugin_config": {"configs": {"default": "a", "named": {"a": {}}}}},
+     {"http": {"port": 9402}, "configs": {"default": "a", "named": {"a": {}}}}),
+    ({"gpufleet_kubernetes_device_plugin_config": {"http": {"port": 0}}}, {"http": {"port": 0}}),
+    ({"gpufleet_kubernetes_device_plugin_config": {"http": {"address": "10.0.0.1"}}},
+     {"http": {"port": 9402, "address": "10.0.0.1"}}),
+    ({"gpufleet_kubernetes_device_plugin_metrics_port": 9500}, {"http": {"port": 9500}}),
+    ({"gpufleet_kubernetes_device_plugin_metrics_port": 0}, {}),
+]  # fmt: skip
+
+
+def test_the_role_deploys_the_plugin_with_metrics_on_9402_unless_the_inventory_says_otherwise(
+    tmp_path: Path,
+) -> None:
+    """roles/gpufleet_kubernetes's defaults and vars rendered by ansible-playbook itself, then the DaemonSet
+    the module builds from a plain inventory's: the plugin serves /metrics on 9402 and Prometheus finds it."""
+    var = "gpufleet_kubernetes_device_plugin_effective_config"
+    tasks = [{"name": f"config {i}", "ansible.builtin.debug": {"var": var}, "vars": inventory}
+             for i, (inventory, _) in enumerate(ROLE_CONFIGS)]  # fmt: skip
+    play = [{"hosts": "localhost", "gather_facts": False,
+             "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+             "tasks": tasks}]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUFLEET_", "ANSIBLE_"))}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "play.yml"],
+        cwd=tmp_path,
+        env=env | {"ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_LOCALHOST_WARNING": "false"},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    got = [t["hosts"]["localhost"][var] for t in report["plays"][0]["tasks"]]
+    assert got == [wanted for _, wanted in ROLE_CONFIGS]
+    doc = k8s_deviceplugin.plugin_config(_dp_params(plugin_config=got[0]))
+    cfg = k8s_deviceplugin.load_config(doc)
+    objects, _ = k8s_deviceplugin.build_objects(_dp_params(plugin_config=got[0]), doc, cfg)
+    [daemonset] = [o for o in objects if o["kind"] == "DaemonSet"]
+    template = daemonset["spec"]["template"]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "9402"
+    assert template["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9402}]
 
 
 def test_telemetry_gets_the_pod_resources_mount_and_scrape_annotations_where_metrics_are_served() -> None:

@@ -4,8 +4,9 @@ read a real one (tests/realgpu/h200-580.159.04-host2/: metrics-idle.txt, log.txt
 h200-580.159.04/dmon.txt and h200-580.159.04-host3-process/dmon-busy.txt).
 
 Field ids are nvml.h's (13.x header): 82 MEMORY_TEMP, 83 TOTAL_ENERGY_CONSUMPTION, 4 ECC_DBE_VOL_TOTAL, 94
-PCIE_REPLAY_COUNTER, 140/141 NVLINK_THROUGHPUT_RAW_TX/RX, 142 REMAPPED_COR, 185 POWER_AVERAGE, 186
-POWER_INSTANT, 187 POWER_MIN_LIMIT, 190 POWER_CURRENT_LIMIT, 191 ENERGY; 310 is NVML_FI_MAX.
+PCIE_REPLAY_COUNTER, 138/139 NVLINK_THROUGHPUT_DATA_TX/RX, 140/141 NVLINK_THROUGHPUT_RAW_TX/RX, 142
+REMAPPED_COR, 185 POWER_AVERAGE, 186 POWER_INSTANT, 187 POWER_MIN_LIMIT, 190 POWER_CURRENT_LIMIT, 191
+ENERGY; 310 is NVML_FI_MAX.
 """
 
 from __future__ import annotations
@@ -174,8 +175,12 @@ def test_the_exporter_reads_the_simulated_h200_as_it_read_a_real_one(fresh_root:
         out([r.values, r.absent])
     """)
     values, absent = reading
-    assert absent == _recorded_absent((HOST2 / "log.txt").read_text()) == {
+    # the recording's exporter read the raw NVLink counters (140/141); it reads the data ones (138/139) now,
+    # which the same H200 answered Not Supported too (h200-580.159.04-host4-fields/fields-check.json)
+    assert _recorded_absent((HOST2 / "log.txt").read_text()) == {
         "nvlink_raw_tx_kib": "Not Supported", "nvlink_raw_rx_kib": "Not Supported"}
+    assert absent == {"nvlink_data_tx_kib": "Not Supported", "nvlink_data_rx_kib": "Not Supported",
+                      "nvlink_stamp_us": "Not Supported"}
     assert values["memory_temp_c"] == _metric(HOST2 / "metrics-idle.txt", "DCGM_FI_DEV_MEMORY_TEMP") == 36
 
 
@@ -186,9 +191,37 @@ def test_other_gpus_keep_their_answers_in_the_drivers_value_types(fresh_root: Ro
         out([f[:3] for f in fields([1, 142, 191, 140, 75, 300, 310])])
     """
     assert nvml(fresh_root("dgx-a100"), code) == [
-        [1, SUCCESS, ULL], [142, SUCCESS, ULL], [191, SUCCESS, UINT], [140, NOT_SUPPORTED, ULL],
+        [1, SUCCESS, ULL], [142, SUCCESS, ULL], [191, SUCCESS, UINT],
+        [140, SUCCESS, ULL],  # NVLink raw TX: the DGX's 12 links (test_nvlink_counters_count_the_data_…)
         [75, NOT_SUPPORTED, ULL],  # a perf-policy counter: the H200's table answers it, this one does not
         [300, NOT_SUPPORTED, 0], [310, INVALID_ARGUMENT, 0]]  # ids known to the 535 driver: not recorded
+
+
+def test_nvlink_counters_count_the_data_a_busy_gpu_moves(fresh_root: Roots, nvml: Runner) -> None:
+    """Fields 138-141 (NVLink data TX/RX, raw TX/RX, KiB since boot) on GPUs with NVLinks: the simulator's
+    model (fields.c: 1 GiB/s per link and direction while busy, raw = data + 1/8) at a frozen clock;
+    NOT_SUPPORTED without NVLink (the recorded VM: test_each_field_answers_with_its_own_return_code)."""
+    for fixture, links in (("dgx-a100", 12), ("hgx-h200", 18)):
+        root = fresh_root(fixture)
+        idle, busy = nvml(root, FIELDS.format(gpu=0) + f"""
+        from gpufleet_harness.sim import control, workload
+        ROOT = {str(root)!r}
+        control.inject(ROOT, ["clock", "100"])
+        idle = fields([(138, ALL), (139, ALL)])
+        workload.start(ROOT, 0, seconds=60.0)
+        control.inject(ROOT, ["clock", "105"])
+        busy = fields([(138, ALL), (139, ALL), (140, ALL), (141, ALL), (138, 0)])
+        busy += [f[:2] for f in fields([(138, {links})])]
+        out([[f[3] for f in idle], busy])
+    """.replace("ALL", str(ALL_LINKS)))
+        data = 5000 * 1024 * links  # 5 s busy, every link
+        assert idle == [0, 0], fixture
+        assert busy == [
+            [138, SUCCESS, ULL, data], [139, SUCCESS, ULL, data],
+            [140, SUCCESS, ULL, data * 9 // 8], [141, SUCCESS, ULL, data * 9 // 8],
+            [138, SUCCESS, ULL, 5000 * 1024],  # scope 0: link 0 alone
+            [138, INVALID_ARGUMENT],  # a link the GPU does not have
+        ], fixture
 
 
 def test_a_long_call_leaves_the_power_limits_untouched(fresh_root: Roots, nvml: Runner) -> None:

@@ -28,14 +28,16 @@ from .nvml import Nvml
 # nvml.h field ids read through nvmlDeviceGetFieldValues (pynvml has them too, but older releases lack
 # the NVLink throughput ones).
 FI_MEMORY_TEMP = 82
-FI_NVLINK_THROUGHPUT_RAW_TX = 140  # KiB, data and protocol overhead
-FI_NVLINK_THROUGHPUT_RAW_RX = 141
+FI_NVLINK_THROUGHPUT_DATA_TX = 138  # KiB sent since the driver loaded, payload only (what DCGM reads)
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
 SCOPE_ALL_LINKS = 0xFFFFFFFF  # nvmlFieldValue_t.scopeId: the sum over every link
 _FIELD_KEYS = {
     FI_MEMORY_TEMP: "memory_temp_c",
-    FI_NVLINK_THROUGHPUT_RAW_TX: "nvlink_raw_tx_kib",
-    FI_NVLINK_THROUGHPUT_RAW_RX: "nvlink_raw_rx_kib",
+    FI_NVLINK_THROUGHPUT_DATA_TX: "nvlink_data_tx_kib",
+    FI_NVLINK_THROUGHPUT_DATA_RX: "nvlink_data_rx_kib",
 }
+NVLINK_KEYS = ("nvlink_data_tx_kib", "nvlink_data_rx_kib")
+NVLINK_STAMP = "nvlink_stamp_us"  # when NVML took them: the later nvmlFieldValue_t.timestamp, µs since 1970
 # nvmlValueType_t -> the member of nvmlValue_t that holds the value
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _SUCCESS = 0
@@ -67,8 +69,9 @@ CALLS: dict[str, str] = {
     "ecc_dbe_volatile": "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC), when ECC is on",
     "ecc_sbe_aggregate": "nvmlDeviceGetTotalEccErrors(CORRECTED, AGGREGATE_ECC), when ECC is on",
     "ecc_dbe_aggregate": "nvmlDeviceGetTotalEccErrors(UNCORRECTED, AGGREGATE_ECC), when ECC is on",
-    "nvlink_raw_tx_kib": "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, scope all links)",
-    "nvlink_raw_rx_kib": "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, scope all links)",
+    "nvlink_data_tx_kib": "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, scope all links)",
+    "nvlink_data_rx_kib": "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, scope all links)",
+    NVLINK_STAMP: "the later .timestamp of those two nvmlFieldValue_t (µs since 1970)",
 }
 MIG_MEMORY_CALL = "nvmlDeviceGetMigDeviceHandleByIndex, then nvmlDeviceGetMemoryInfo_v2 of the MIG device"
 
@@ -199,12 +202,14 @@ def _errors(p: _Pass) -> None:
 def _fields(p: _Pass) -> None:
     wanted = [
         (FI_MEMORY_TEMP, 0),
-        (FI_NVLINK_THROUGHPUT_RAW_TX, SCOPE_ALL_LINKS),
-        (FI_NVLINK_THROUGHPUT_RAW_RX, SCOPE_ALL_LINKS),
+        (FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
+        (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS),
     ]
-    answers = p.get(tuple(_FIELD_KEYS.values()), getattr(p.nv, "nvmlDeviceGetFieldValues", None), wanted)
+    keys = (*_FIELD_KEYS.values(), NVLINK_STAMP)
+    answers = p.get(keys, getattr(p.nv, "nvmlDeviceGetFieldValues", None), wanted)
     if answers is None:
         return
+    stamps = []
     for answer in answers:
         key = _FIELD_KEYS.get(int(answer.fieldId))
         if key is None:
@@ -215,6 +220,12 @@ def _fields(p: _Pass) -> None:
             p.absent((key,), "Not Supported" if code == _NOT_SUPPORTED else f"NVML error {code}")
             continue
         p.put(key, getattr(answer.value, member))
+        if key in NVLINK_KEYS:
+            stamps.append(int(getattr(answer, "timestamp", 0) or 0))
+    if all(k in p.reading.values for k in NVLINK_KEYS):
+        p.put(NVLINK_STAMP, max(stamps))  # 0: NVML gave none (DCGM then takes the time of its read)
+    else:
+        p.absent((NVLINK_STAMP,), p.reading.absent.get(NVLINK_KEYS[0]) or p.reading.absent[NVLINK_KEYS[1]])
 
 
 _GETTERS = (_memory, _utilization, _clocks_and_thermals, _power, _errors, _fields)

@@ -155,8 +155,11 @@ class ResourceManager:
         """The discovered GPUs (empty until discovery succeeds)."""
         return self._state.inventory or NodeInventory(gpus=())
 
-    def last_xids(self) -> dict[str, int]:
-        """The last XID each GPU reported since start, by UUID (GPUs without one are absent)."""
+    def last_xids(self) -> dict[str, int] | None:
+        """The last XID each GPU reported since start, by UUID (GPUs without one are absent); None while no
+        event set watches for XIDs (health checks off, or NVML's events unavailable): then nobody knows."""
+        if not self.health.enabled or self._events is None:
+            return None
         with self._lock:
             return dict(self._last_xid)
 

@@ -22,7 +22,15 @@ from typing import Any
 
 from gpufleet.deviceplugin.rm.model import GpuInfo, MigDeviceInfo, NodeInventory
 from gpufleet.deviceplugin.telemetry.collector import Outcome, Sampler, Ticker
-from gpufleet.deviceplugin.telemetry.fields import DRIVER_LABEL, FIELDS, MIG_FIELDS, XID_FIELD, XID_HELP
+from gpufleet.deviceplugin.telemetry.fields import (
+    DRIVER_LABEL,
+    FIELDS,
+    MIG_FIELDS,
+    NVLINK_RATE,
+    XID_FIELD,
+    XID_HELP,
+    NvlinkRate,
+)
 from gpufleet.deviceplugin.telemetry.pods import NOBODY, Attribution, Holder
 from gpufleet.gpu.pci import nvml_bus_id
 from gpufleet.gpu.telemetry import Reading
@@ -97,6 +105,7 @@ class _Served:
     up: bool
     sample: GpuSample | None
     taken: float
+    derived: dict[str, float] = field(default_factory=dict)  # values computed across readings (rates)
 
 
 class Telemetry:
@@ -106,7 +115,7 @@ class Telemetry:
         self,
         inventory: Callable[[], NodeInventory],
         read: Callable[[GpuInfo], GpuSample],
-        xids: Callable[[], Mapping[str, int]],
+        xids: Callable[[], Mapping[str, int] | None],
         attribute: Callable[[Iterable[str], Iterable[str]], Attribution] | None,
         host: str,
         settings: Settings | None = None,
@@ -123,6 +132,7 @@ class Telemetry:
         self._body = ""  # the last round's series but the ages
         self._ages: list[tuple[Labels, float]] = []  # (labels, monotonic time taken) of GPUs with values
         self._down: set[str] = set()  # GPUs last reported down in the log
+        self._nvlink = NvlinkRate()
         self._ticker = Ticker(self.tick, self.settings.interval_s, "gpufleet-telemetry")
         self.rounds = 0
 
@@ -143,6 +153,12 @@ class Telemetry:
         self._by_uuid = {g.uuid: g for g in inventory.gpus}
         outcomes = self.sampler.round(list(self._by_uuid))
         served = [self._decide(gpu, outcomes.get(gpu.uuid)) for gpu in inventory.gpus]
+        self._nvlink.forget({s.gpu.uuid for s in served if s.sample is not None})
+        for s in served:
+            if s.sample is not None:
+                rate = self._nvlink.update(s.gpu.uuid, s.sample.reading.values)
+                if rate is not None:
+                    s.derived[NVLINK_RATE] = rate
         attribution = NOBODY
         if self.attribute is not None:
             migs = [m.uuid for g in inventory.gpus for m in g.mig_devices]
@@ -228,7 +244,7 @@ def _family(name: str, kind: str, text: str, samples: list[str], out: list[str])
 def render(
     served: list[_Served],
     attribution: Attribution,
-    xids: Mapping[str, int],
+    xids: Mapping[str, int] | None,
     driver: str,
     host: str,
     *,
@@ -239,11 +255,12 @@ def render(
     out: list[str] = []
     base = {s.gpu.uuid: gpu_labels(s.gpu, host, driver) for s in served}
     with_values = [s for s in served if s.sample is not None]
+    values_of = {s.gpu.uuid: {**s.sample.reading.values, **s.derived} for s in with_values if s.sample}
     for f in FIELDS:
         samples = []
         for s in with_values:
             assert s.sample is not None
-            values = s.sample.reading.values
+            values = values_of[s.gpu.uuid]
             if all(k in values for k in f.keys):
                 value = f.value(values)
                 samples += [
@@ -254,7 +271,7 @@ def render(
                 samples += _mig_samples(f.name, s, base[s.gpu.uuid], attribution)
         _family(f.name, f.kind, f.help, samples, out)
     xid_samples = []
-    for s in with_values:
+    for s in with_values if xids is not None else ():  # XIDs not watched: no claim of "none"
         code = xids.get(s.gpu.uuid, 0)
         for lab in _per_holder(base[s.gpu.uuid], _holders(attribution, s.gpu)):
             xid_samples.append(series(XID_FIELD, (*lab, ("err_code", str(code))), code))

@@ -7,10 +7,15 @@ DCGM's clock-event-reasons field. docs/metrics.md is this table in prose.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpufleet.gpu.telemetry import NVLINK_KEYS, NVLINK_STAMP
+
 MIB = float(1 << 20)
+NVLINK_RATE = "nvlink_dcgm_rate"
+"""The key NvlinkRate adds to a reading: DCGM's DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (not an NVML value)."""
 
 
 @dataclass(frozen=True)
@@ -80,12 +85,12 @@ FIELDS: tuple[Field, ...] = (
         ("fb_reserved_bytes",),
         _whole_mib("fb_reserved_bytes"),
     ),
-    Field(
+    _one(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "counter",
-        "NVLink traffic over all links, sent plus received, data and protocol overhead, in KiB.",
-        ("nvlink_raw_tx_kib", "nvlink_raw_rx_kib"),
-        lambda v: v["nvlink_raw_tx_kib"] + v["nvlink_raw_rx_kib"],
+        "NVLink data sent plus received over all links per second since the last reading, in DCGM's MB/s "
+        "(KiB/s / 1000); 0 on the first reading.",
+        NVLINK_RATE,
     ),
     _one(
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
@@ -138,23 +143,63 @@ FIELDS: tuple[Field, ...] = (
 )
 
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
-XID_HELP = "The last XID error the GPU reported (0: none since the plugin started)."
+XID_HELP = "The last XID error the GPU reported (0: none since the plugin started; absent: not watched)."
 MIG_FIELDS = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED")
 """The fields a MIG device has series of its own for (NVML answers memory per MIG device only)."""
 
-# dcgm-exporter's default counters NVML cannot give, and why (docs/metrics.md says the same).
+_PCIE_WHY = (
+    "a profiling field: DCGM reads its profiling module (DCP) or, from Hopper on, NVML's GPM metrics "
+    "(nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC, two samples apart), not NVML's byte counters 197/198"
+)
+# dcgm-exporter's default counters gpufleet does not serve, and why (docs/metrics.md says the same).
 LEFT_OUT: dict[str, str] = {
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
     "DCGM_FI_PROF_DRAM_ACTIVE": "a profiling (DCP) field: DCGM's profiling module, not NVML",
-    "DCGM_FI_PROF_PCIE_TX_BYTES": (
-        "a profiling (DCP) field; NVML's nearest, nvmlDeviceGetPcieThroughput, samples for 20 ms per call"
-    ),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": (
-        "a profiling (DCP) field; NVML's nearest, nvmlDeviceGetPcieThroughput, samples for 20 ms per call"
-    ),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": _PCIE_WHY,
+    "DCGM_FI_PROF_PCIE_RX_BYTES": _PCIE_WHY,
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "licensing of vGPU guests; gpufleet runs bare metal and passthrough",
 }
 
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 """dcgm-exporter's one default label field: the driver version on every GPU series."""
+
+
+class NvlinkRate:
+    """DCGM's ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL`` (field 449, ``NVLINK_THROUGHPUT_TOTAL``) from NVML's
+    cumulative data counters, computed as DCGM's cache manager does (DcgmCacheManager.cpp,
+    ``ReadAndCacheNvLinkBandwidth``, DCGM 4.6.0):
+
+    - the sum of ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX`` and ``_TX`` over all links, in KiB;
+    - 0 on the first reading of a GPU, and whenever that sum is 0;
+    - else (sum - the last reading's sum) / seconds between their NVML timestamps / 1000, truncated to an
+      integer (DCGM's unit "MB/s": KiB/s divided by 1000); 0 when both readings share their timestamp.
+
+    One departure: a sum smaller than the last one (the driver reloaded) gives 0 where DCGM would publish a
+    negative rate. A reading served again (a hung GPU's) keeps its rate.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, float, float, float]] = {}  # GPU -> (sum KiB, NVML's stamp, the
+        # stamp used (µs since 1970), the rate served)
+
+    def update(self, gpu: str, values: Mapping[str, float]) -> float | None:
+        """The rate for GPU `gpu`'s reading `values`; None (and the history forgotten) when it lacks them."""
+        if not all(k in values for k in (*NVLINK_KEYS, NVLINK_STAMP)):
+            self._last.pop(gpu, None)
+            return None
+        total, nvml_stamp = sum(int(values[k]) for k in NVLINK_KEYS), values[NVLINK_STAMP]
+        last = self._last.get(gpu)
+        if last is not None and last[:2] == (total, nvml_stamp):
+            return last[3]
+        stamp = nvml_stamp or time.time() * 1e6  # DCGM: the time of its own read when NVML gave none
+        rate = 0.0
+        if last is not None and total != 0 and stamp != last[2] and total >= last[0]:
+            rate = float(int((total - last[0]) / ((stamp - last[2]) / 1e6) / 1000.0))
+        self._last[gpu] = (total, nvml_stamp, stamp, rate)
+        return rate
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the history of GPUs not in `keep` (gone from the inventory)."""
+        for gpu in set(self._last) - keep:
+            del self._last[gpu]

@@ -32,6 +32,8 @@
 #define FI_MEMORY_TEMP 82
 #define FI_TOTAL_ENERGY_CONSUMPTION 83
 #define FI_PCIE_REPLAY_COUNTER 94
+#define FI_NVLINK_THROUGHPUT_DATA_TX 138 /* 138-141: data TX, data RX, raw TX, raw RX, KiB */
+#define FI_NVLINK_THROUGHPUT_RAW_RX 141
 #define FI_REMAPPED_COR 142
 #define FI_REMAPPED_UNC 143
 #define FI_REMAPPED_PENDING 144
@@ -261,6 +263,32 @@ static void power_field(const struct nvmlDevice_st *device, const struct nvmlDev
     }
 }
 
+/* NVLink traffic (fields 138-141) on a GPU with NVLinks; nothing recorded it (the recorded H200 VM has none):
+ * while the GPU is not idle each of its links carries NVLINK_KIB_PER_MS of data each way (1 GiB/s, a small
+ * part of NVLink 3's and 4's 25 GB/s per link and direction), and the raw counters add an eighth for the
+ * protocol. KiB since boot, as nvml.h's "NVLink TX Data throughput in KiB"; scope all links (0xFFFFFFFF) or
+ * one link. Whether a link is trained is not modelled here. 0 when the field is not one of them. */
+#define NVLINK_KIB_PER_MS 1024ULL
+static int nvlink_throughput(const struct nvmlDevice_st *g, const sim_reading *now, nvmlFieldValue_t *v)
+{
+    unsigned long long busy_ms, kib;
+    if (v->fieldId < FI_NVLINK_THROUGHPUT_DATA_TX || v->fieldId > FI_NVLINK_THROUGHPUT_RAW_RX) return 0;
+    if (g->nlinks == 0) {
+        not_supported(v, VT_ULL);
+        return 1;
+    }
+    if (v->scopeId != 0xFFFFFFFFu && v->scopeId >= g->nlinks) {
+        v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return 1;
+    }
+    busy_ms = now->now_ms > 0 && (unsigned long long)now->now_ms > now->idle_ms
+                  ? (unsigned long long)now->now_ms - now->idle_ms : 0;
+    kib = busy_ms * NVLINK_KIB_PER_MS * (v->scopeId == 0xFFFFFFFFu ? g->nlinks : 1);
+    if (v->fieldId >= FI_NVLINK_THROUGHPUT_DATA_TX + 2) kib += kib / 8;
+    put_ull(v, kib);
+    return 1;
+}
+
 /* ---------------------------------------------------------------------- the default rules */
 
 static void default_field(const struct nvmlDevice_st *device, const struct nvmlDevice_st *g,
@@ -275,7 +303,7 @@ static void default_field(const struct nvmlDevice_st *device, const struct nvmlD
     }
     row = H200_LOOKUP(id);
     type = row && row->kind != FK_UNTOUCHED && row->kind != FK_UNKNOWN ? row->type : VT_UINT;
-    if (common_reading(device, g, now, id, type, v)) return;
+    if (common_reading(device, g, now, id, type, v) || nvlink_throughput(g, now, v)) return;
     if (id >= FI_POWER_AVERAGE && id <= FI_POWER_REQUESTED_LIMIT) {
         if (v->scopeId != POWER_SCOPE_GPU) not_supported(v, VT_UINT); /* no module, no memory reading */
         else power_field(device, g, now, id, VT_UINT, v);
@@ -342,6 +370,7 @@ static void h200_field(const struct nvmlDevice_st *device, const struct nvmlDevi
         h200_power_field(device, g, now, large, v);
         return;
     }
+    if (nvlink_throughput(g, now, v)) return; /* the VM's recorded NOT_SUPPORTED where it has no NVLink */
     if (row->kind == FK_NOT_SUPPORTED) {
         not_supported(v, row->type);
         return;
