@@ -15,12 +15,15 @@ DEVICE_PLUGIN = "gpufleet.nvidia.gpu_device_plugin"
 EXTENDER = "gpufleet.nvidia.gpu_scheduler_extender"
 # What both modules apply first, in this order; the DaemonSet or the Deployment and Service follow.
 COMMON_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap")
+# The modules refuse to deploy without an image (no unpullable default). Tests that only write objects, or
+# never reach a node, name this one; tests whose pods run use the lab's (lab_pod_args).
+OBJECTS_IMAGE = "gpufleet-test/objects-only:1"
 
 
 def admin_args(stack: LabStack, name: str | None = None, **extra: Any) -> dict[str, Any]:
     """The lab's admin kubeconfig; with ``name``, that name for the objects and for their namespace (a
     namespace per test keeps tests on the shared lab apart)."""
-    args: dict[str, Any] = {"kubeconfig": str(stack.control_plane.kubeconfig())}
+    args: dict[str, Any] = {"kubeconfig": str(stack.control_plane.kubeconfig()), "image": OBJECTS_IMAGE}
     if name is not None:
         args |= {"name": name, "namespace": name}
     return args | extra
@@ -28,7 +31,8 @@ def admin_args(stack: LabStack, name: str | None = None, **extra: Any) -> dict[s
 
 def token_args(control_plane: ControlPlane, token: str, **extra: Any) -> dict[str, Any]:
     """Reach the lab's API server with a bearer token instead of a kubeconfig."""
-    return {"host": control_plane.url, "api_key": token, "ca_cert": str(control_plane.ca_file), **extra}
+    args = {"host": control_plane.url, "api_key": token, "ca_cert": str(control_plane.ca_file)}
+    return args | {"image": OBJECTS_IMAGE} | extra
 
 
 def lab_pod_args(stack: LabStack) -> dict[str, Any]:

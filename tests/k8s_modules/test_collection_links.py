@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from labstack import run_tasks
-from modargs import DEVICE_PLUGIN, EXTENDER
+from modargs import DEVICE_PLUGIN, EXTENDER, OBJECTS_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "plugins"
@@ -96,7 +96,9 @@ def test_checks_catch_a_missing_link(tmp_path: Path) -> None:
 
 
 # -- the modules on a host without the gpufleet package ------------------------------------------------------
-UNREACHABLE_API = {"host": "https://127.0.0.1:9", "api_key": "unused", "validate_certs": False}
+UNREACHABLE_API = {
+    "host": "https://127.0.0.1:9", "api_key": "unused", "validate_certs": False, "image": OBJECTS_IMAGE,
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])

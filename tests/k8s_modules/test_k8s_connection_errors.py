@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from labstack import LabStack, run_tasks
-from modargs import DEVICE_PLUGIN, EXTENDER, token_args
+from modargs import DEVICE_PLUGIN, EXTENDER, OBJECTS_IMAGE, token_args
 
 from gpufleet_harness.cluster.process import free_ports
 
@@ -96,6 +96,7 @@ def test_unreachable_api_server_is_named(stack: LabStack, tmp_path: Path) -> Non
             "validate_certs": False,
             "wait": False,
             "request_timeout": 5,
+            "image": OBJECTS_IMAGE,
         }
     }
     run = run_tasks([task], tmp_path)
@@ -118,7 +119,7 @@ def test_missing_kubeconfig_is_named(tmp_path: Path) -> None:
 def test_default_kubeconfig_missing_says_where_it_looked(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    run = run_tasks([{EXTENDER: {"wait": False}}], tmp_path, env={"HOME": str(home)})
+    run = run_tasks([{EXTENDER: {"wait": False, "image": OBJECTS_IMAGE}}], tmp_path, env={"HOME": str(home)})
     result = run.task()
     assert result["failed"]
     assert result["msg"].startswith("no kubeconfig: ~/.kube/config does not exist; set the kubeconfig option")
