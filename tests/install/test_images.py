@@ -13,16 +13,20 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from daemons import containerd, dockerd, registry
+from daemons import Containerd, containerd, dockerd, registry
+from kubernetes import client as k8s
 
 from gpufleet import ociarchive
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.release import images
 from gpufleet_harness.testhosts.podman import podman_env
+
+if TYPE_CHECKING:
+    from labstack import LabStack
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -256,3 +260,94 @@ def test_a_registry_gets_the_images_pushed_once_and_an_unreachable_one_is_named(
     digest = doc["images"]["device-plugin"]["digest"]
     assert f"the device-plugin image (127.0.0.1:{closed}/gpufleet/device-plugin@{digest})" in gone.stdout
     assert "cannot reach the registry" in gone.stdout
+
+
+def _config_digest(ctd: Containerd, manifest_digest: str) -> str:
+    """The config digest (what the kubelet's CRI calls the image ID) of a manifest in containerd's content."""
+    blob = subprocess.run(
+        [ctd.ctr, "--address", ctd.address, "--namespace", "k8s.io", "content", "get", manifest_digest],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return str(json.loads(blob)["config"]["digest"])
+
+
+def test_kubernetes_yml_deploys_the_workloads_by_the_refs_images_json_gives(
+    built: tuple[Path, dict[str, Any]], stack: LabStack, tmp_path: Path
+) -> None:
+    """The handoff images.json -> role gpufleet_images (image_archive, no registry: imported into a real
+    containerd's k8s.io) -> role gpufleet_kubernetes -> the DaemonSet and the Deployment read back from a real
+    API server name each image by the image ID images.json gives, never by a tag (issue 34 audit, gap G6).
+    The pods are not waited for (gpufleet_kubernetes_wait false): no kubelet runs here; tests/cluster's
+    test_service_images_kubelet.py shows a kubelet runs pods by such an ID."""
+    out, doc = built
+    cp = stack.control_plane
+    suffix = uuid.uuid4().hex[:6]
+    namespace, plugin, extender = f"gpufleet-digest-{suffix}", f"gf-dp-{suffix}", f"gf-ext-{suffix}"
+    apps = k8s.AppsV1Api(cp.api_client())
+    with containerd() as ctd:
+        node = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "ansible_become": False,  # root already
+            "gpufleet_expected_gpu_count": 8,
+            "gpufleet_images_node_dir": str(tmp_path / "node-dir"),
+            "gpufleet_images_runtime": "containerd",
+            "gpufleet_images_containerd_address": ctd.address,
+        }
+        settings = {
+            "gpufleet_images_dir": str(out),
+            "gpufleet_kubernetes_kubeconfig": str(cp.kubeconfig()),
+            "gpufleet_kubernetes_namespace": namespace,
+            "gpufleet_kubernetes_device_plugin_name": plugin,
+            "gpufleet_kubernetes_extender_name": extender,
+            "gpufleet_kubernetes_extender_service_type": "ClusterIP",
+            "gpufleet_kubernetes_runtime_class_name": "",
+            "gpufleet_kubernetes_configure_scheduler": False,
+            "gpufleet_kubernetes_wait": False,
+        }
+        inventory = tmp_path / "hosts.yml"
+        inventory.write_text(
+            yaml.safe_dump({"all": {"vars": settings, "children": {"gpu_nodes": {"hosts": {"gpu-a": node}}}}})
+        )
+
+        def kubernetes_yml(*args: str) -> subprocess.CompletedProcess[str]:
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("ANSIBLE_", "GPUFLEET_", "KUBECONFIG"))
+            }
+            return subprocess.run(
+                [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "playbooks/kubernetes.yml", *args],
+                cwd=REPO,
+                env=env | {"ANSIBLE_NOCOLOR": "1"},
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+
+        try:
+            deployed = kubernetes_yml()
+            assert deployed.returncode == 0, _explain(deployed)
+            refs = {name: entry["id"] for name, entry in doc["images"].items()}
+            for ref in refs.values():
+                assert re.fullmatch(r"sha256:[0-9a-f]{64}", ref), ref
+            # each ref names the image the node's runtime now holds
+            held = ctd.images()
+            for name, entry in doc["images"].items():
+                assert held[entry["name"]] == entry["digest"]
+                assert _config_digest(ctd, entry["digest"]) == refs[name]
+
+            daemon_set = apps.read_namespaced_daemon_set(plugin, namespace).spec.template.spec
+            deployment = apps.read_namespaced_deployment(extender, namespace).spec.template.spec
+            for spec, name in ((daemon_set, "device-plugin"), (deployment, "extender")):
+                containers = [*(spec.init_containers or []), *spec.containers]
+                assert {c.image for c in containers} == {refs[name]}, (name, [c.image for c in containers])
+        finally:
+            # waited for this time: the namespace is gone when the run ends
+            gone = kubernetes_yml(
+                "-e", "gpufleet_kubernetes_state=absent", "-e", "gpufleet_kubernetes_wait=true"
+            )
+            assert gone.returncode == 0, _explain(gone)
+    assert namespace not in {n.metadata.name for n in cp.core_v1().list_namespace().items}
