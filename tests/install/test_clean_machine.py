@@ -310,6 +310,31 @@ def test_without_the_collection_the_commands_name_the_install_command(machine: M
         assert f"ansible-galaxy collection install gpufleet-nvidia-{VERSION}.tar.gz" in proc.stderr
 
 
+def test_a_collection_of_another_version_is_named_with_both_versions(machine: Machine) -> None:
+    """The installed collection found first is of another release than the wheel (its MANIFEST.json, what
+    ansible-galaxy reads, says 0.0.9): the commands stop before any play, naming both versions, where the
+    collection is, and the command that installs the matching one (issue 34 audit, row 3c)."""
+    installed = machine.home / ".ansible/collections/ansible_collections/gpufleet/nvidia"
+    other_home = machine.root / "other-version-home"
+    copy = other_home / ".ansible/collections/ansible_collections/gpufleet/nvidia"
+    if not copy.exists():
+        shutil.copytree(installed, copy)
+        manifest = json.loads((copy / "MANIFEST.json").read_text())
+        manifest["collection_info"]["version"] = "0.0.9"
+        (copy / "MANIFEST.json").write_text(json.dumps(manifest))
+    inventory = machine.work / "one.yml"
+    inventory.write_text("all:\n  hosts:\n    h: {ansible_connection: local}\n")
+    for command in ("provision", "validate"):
+        proc = machine.run("gpufleet", command, "-i", str(inventory), home=other_home)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert (
+            f"the Ansible collection gpufleet.nvidia at {copy} is version 0.0.9, but gpufleet is {VERSION}"
+            in proc.stderr
+        ), proc.stderr
+        assert f"ansible-galaxy collection install --force gpufleet-nvidia-{VERSION}.tar.gz" in proc.stderr
+        assert "PLAY" not in proc.stdout
+
+
 def test_ansible_test_sanity_passes_on_the_built_artifact(artifacts: dict[str, Path]) -> None:
     """scripts/sanity --artifact: the artifact installed into an ansible_collections tree, ansible-test sanity
     there, with the ignore file the artifact itself carries (tests/sanity)."""

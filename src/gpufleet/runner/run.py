@@ -102,7 +102,9 @@ def _tool_path() -> str:
 def collection_dir(project: Path) -> Path:
     """The gpufleet.nvidia collection whose playbooks run: the checkout itself, else the installed collection
     ansible-galaxy finds from ``project`` (ansible.cfg's collections_path, ANSIBLE_COLLECTIONS_PATH, the
-    default paths). UsageError, naming the command that installs it, when there is none."""
+    default paths; the first, as ansible-playbook takes it). UsageError, naming the command that installs it,
+    when there is none or when it is another version than this gpufleet: the runner's options and the
+    playbooks' variables change together, so a mixed pair would fail late or quietly differ."""
     checkout = checkout_dir()
     if checkout is not None:
         return checkout
@@ -121,7 +123,16 @@ def collection_dir(project: Path) -> Path:
         found = {}
     for path, collections in found.items():
         if COLLECTION in (collections or {}):
-            return Path(path, *COLLECTION.split(".")).resolve()
+            where = Path(path, *COLLECTION.split(".")).resolve()
+            version = str((collections[COLLECTION] or {}).get("version", "unknown"))
+            if version != gpufleet.__version__:
+                raise UsageError(
+                    f"the Ansible collection {COLLECTION} at {where} is version {version}, but gpufleet is "
+                    f"{gpufleet.__version__}; install the collection of the same release: ansible-galaxy "
+                    f"collection install --force gpufleet-nvidia-{gpufleet.__version__}.tar.gz (or install "
+                    f"gpufleet {version}: pip install 'gpufleet[controller]=={version}')"
+                )
+            return where
     raise UsageError(hint)
 
 
