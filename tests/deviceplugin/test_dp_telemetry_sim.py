@@ -15,14 +15,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dp_helpers import REPO, FakeKubelet, PluginProcess, inject, materialize_sim, short_dir, wait_for
+from dp_helpers import (
+    REPO,
+    FakeKubelet,
+    PluginProcess,
+    inject,
+    materialize_sim,
+    plugin_channel,
+    short_dir,
+    wait_for,
+)
 from telemetry_helpers import FakePodResources, families, samples, scrape
 
+from gpufleet.deviceplugin.api import pb, pb_grpc
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.prometheus import Prometheus, ScrapeTarget
+from gpufleet_harness.sim import workload
 
 FAST = ["--health-probe-interval", "0.2", "--nvml-retry-interval", "0.2", "--telemetry-interval", "0.3"]
 GPUS = 8
+ENDPOINT = "gpufleet-nvidia.com-gpu.sock"
 MEMORY_MIB = 81920  # dgx-a100's fixture: A100-SXM4-80GB
 
 
@@ -35,9 +47,17 @@ class Node:
     kubelet: FakeKubelet
     pods: FakePodResources
     proc: PluginProcess
+    sockets: str
 
     def metrics(self) -> str:
         return scrape(self.port)
+
+    def allocate(self, *indexes: int) -> pb.ContainerAllocateResponse:
+        req = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=[self.uuids[i] for i in indexes])]
+        )
+        stub = pb_grpc.DevicePluginStub(plugin_channel(self.sockets, ENDPOINT))
+        return stub.Allocate(req, timeout=10).container_responses[0]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +74,7 @@ def node(sim_library: str) -> Iterator[Node]:
     args = ["--socket-dir", sockets, "--http-port", str(port), "--http-address", "127.0.0.1",
             "--telemetry-pod-resources-socket", pods.socket_path, *FAST]  # fmt: skip
     proc = PluginProcess(env, args)
-    node = Node(root, env, port, uuids, kubelet, pods, proc)
+    node = Node(root, env, port, uuids, kubelet, pods, proc, sockets)
     try:
         wait_for(lambda: _gpus_up(node) == GPUS, "every GPU's series", 60)
         yield node
@@ -145,8 +165,6 @@ def test_a_series_exists_exactly_when_the_simulators_nvml_answers_its_getter(nod
 def test_nvlink_bandwidth_is_dcgms_rate_while_a_gpu_works_and_0_when_it_rests(node: Node) -> None:
     """DCGM's MB/s (Δ KiB / s / 1000) of the data the simulator's model moves: 1 GiB/s per link and direction
     while busy, so 2 x 1024 x 12 links = 24,576 on the DGX's A100; 0 at rest (never an ever-growing total)."""
-    from gpufleet_harness.sim import workload
-
     def bandwidth() -> float:
         [found] = samples(node.metrics(), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="4")
         return float(found.value)
@@ -186,6 +204,61 @@ def test_a_lost_gpu_says_so_and_the_others_are_served_then_it_comes_back(node: N
         inject(node.root, "gpu", "3", "ok")
     wait_for(lambda: samples(node.metrics(), "DCGM_FI_DEV_GPU_TEMP", gpu="3"), "GPU 3's series back")
     assert "event=telemetry_gpu_down" in node.proc.output()
+
+
+def _answered(node: Node, gpu: int) -> bool:
+    """Whether the plugin logged that GPU `gpu`'s hung NVML call returned."""
+    return f"event=telemetry_gpu_answered gpu={node.uuids[gpu]}" in node.proc.output()
+
+
+def test_a_hung_gpu_holds_up_neither_the_scrape_nor_the_other_gpus_then_comes_back(node: Node) -> None:
+    """The simulator's `gpu 2 hang`: every NVML call on GPU 2's handle blocks until released, as in a wedged
+    driver. While it blocks, scrapes answer (within the scrape's 10 s timeout, the hang having no end),
+    GPU 2's values go once too old (docs/metrics.md: three intervals) with gpufleet_gpu_up 0, and rounds
+    go on for the other GPUs: a load started during the hang shows. Released, GPU 2 is read again."""
+    assert not _answered(node, 2)
+    inject(node.root, "gpu", "2", "hang")
+    load = None
+    try:
+        wait_for(lambda: f"event=telemetry_gpu_hung gpu={node.uuids[2]}" in node.proc.output(),
+                 "the round to give up on GPU 2's hung reading")  # fmt: skip
+        wait_for(lambda: not samples(node.metrics(), "DCGM_FI_DEV_GPU_TEMP", gpu="2"), "GPU 2's values to go")
+        text = node.metrics()
+        assert [s.value for s in samples(text, "gpufleet_gpu_up", gpu="2")] == [0]
+        assert samples(text, "gpufleet_gpu_sample_age_seconds", gpu="2") == []
+        assert samples(text, "DCGM_FI_DEV_FB_USED", gpu="2") == []
+        assert {s.labels["gpu"] for s in samples(text, "DCGM_FI_DEV_GPU_TEMP")} == {
+            str(i) for i in range(GPUS) if i != 2
+        }
+        assert sum(s.value for s in samples(text, "gpufleet_gpu_up")) == GPUS - 1
+        load = workload.start(node.root, 4, seconds=120.0)
+        wait_for(lambda: [s.value for s in samples(node.metrics(), "DCGM_FI_DEV_GPU_UTIL", gpu="4")] == [100],
+                 "GPU 4's load in a round while GPU 2 hangs")  # fmt: skip
+        assert not _answered(node, 2), "the hang was not in force throughout"
+    finally:
+        if load is not None:
+            workload.stop(node.root, ids=[load.id])
+        inject(node.root, "gpu", "2", "ok")
+    wait_for(lambda: _answered(node, 2), "GPU 2's hung call to return once released")
+    wait_for(lambda: [s.value for s in samples(node.metrics(), "gpufleet_gpu_up", gpu="2")] == [1],
+             "GPU 2 up")  # fmt: skip
+    assert len(samples(node.metrics(), "DCGM_FI_DEV_GPU_TEMP", gpu="2")) == 1
+
+
+def test_allocate_makes_no_nvml_call(node: Node) -> None:
+    """With the whole simulated driver hung (every NVML call blocks, in this process too: its telemetry
+    round gives up on a GPU), Allocate still answers: its path makes no NVML call (issue 35: none added)."""
+    hung, answered = (node.proc.output().count(f"event=telemetry_gpu_{e}") for e in ("hung", "answered"))
+    inject(node.root, "driver", "hang")
+    try:
+        wait_for(lambda: node.proc.output().count("event=telemetry_gpu_hung") > hung, "a read to hang")
+        resp = node.allocate(7, 0)
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == f"{node.uuids[0]},{node.uuids[7]}"
+        assert "/dev/nvidia7" in {d.container_path for d in resp.devices}
+        assert node.proc.output().count("event=telemetry_gpu_answered") == answered, "the hang ended early"
+    finally:
+        inject(node.root, "driver", "loaded")
+    wait_for(lambda: _gpus_up(node) == GPUS, "every GPU read again once the driver answers")
 
 
 def test_an_xid_shows_in_xid_errors(node: Node) -> None:

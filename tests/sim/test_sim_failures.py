@@ -148,6 +148,82 @@ def test_gpu_lost_and_back(fresh_root: Roots, nvml: Runner) -> None:
     assert (root / "events").read_text() == "xid 3 79\n"
 
 
+def test_a_hung_gpus_calls_block_until_released_while_everything_else_answers(fresh_root: Roots,
+                                                                              nvml: Runner) -> None:
+    """`gpu N hang`: a call on GPU 3's handle does not return (as a call into a wedged driver); the other
+    GPUs, system calls and handle lookups answer meanwhile; `gpu 3 ok` releases it with its normal answer,
+    and a GPU lost while its call hangs releases it with GPU_IS_LOST."""
+    root = fresh_root("dgx-a100")
+    r = nvml(root, f"""
+        from gpufleet_harness.sim import control
+        n.nvmlInit()
+        h3, h2 = n.nvmlDeviceGetHandleByIndex(3), n.nvmlDeviceGetHandleByIndex(2)
+        got = {{}}
+        def call(key, f, *a):
+            try:
+                got[key] = f(*a)
+            except n.NVMLError as e:
+                got[key] = type(e).__name__
+        def blocked(key, f, *a):
+            t = threading.Thread(target=call, args=(key, f, *a), daemon=True)
+            t.start()
+            t.join(0.5)
+            return t
+        control.inject({str(root)!r}, ["gpu", "3", "hang"])
+        t = blocked("name", n.nvmlDeviceGetName, h3)
+        during = [t.is_alive(), "name" in got, n.nvmlDeviceGetName(h2), n.nvmlDeviceGetCount(),
+                  err(n.nvmlDeviceGetHandleByIndex, 3)]
+        control.inject({str(root)!r}, ["gpu", "5", "lost"])  # another rewrite of control keeps the hang
+        control.inject({str(root)!r}, ["gpu", "5", "ok"])
+        still = blocked("power", n.nvmlDeviceGetPowerUsage, h3).is_alive()
+        control.inject({str(root)!r}, ["gpu", "3", "ok"])
+        t.join(15)
+        released = [t.is_alive(), got.get("name")]
+        control.inject({str(root)!r}, ["gpu", "3", "hang"])
+        t = blocked("memory", n.nvmlDeviceGetMemoryInfo, h3)
+        alive = t.is_alive()
+        control.inject({str(root)!r}, ["gpu", "3", "lost"])
+        t.join(15)
+        out([during, still, released, [alive, t.is_alive(), got.get("memory")]])
+    """)
+    assert r == [[True, False, "NVIDIA A100-SXM4-80GB", 8, "ok"], True,
+                 [False, "NVIDIA A100-SXM4-80GB"], [True, False, "NVMLError_GpuIsLost"]]
+    assert simcontrol.read_control(root).hung == {}  # `gpu 3 lost` ended the hang
+
+
+def test_a_hang_for_seconds_ends_by_itself_and_a_driver_hang_blocks_every_call(fresh_root: Roots,
+                                                                               nvml: Runner) -> None:
+    root = fresh_root("pcie-2x-t4")
+    r = nvml(root, f"""
+        from gpufleet_harness.sim import control
+        n.nvmlInit()
+        h0 = n.nvmlDeviceGetHandleByIndex(0)
+        done = {{}}
+        def call(key, f, *a):
+            done[key] = f(*a)
+        def start(key, f, *a):
+            t = threading.Thread(target=call, args=(key, f, *a), daemon=True)
+            t.start()
+            return t
+        control.inject({str(root)!r}, ["gpu", "0", "hang", "3"])
+        t = start("timed", n.nvmlDeviceGetUUID, h0)
+        t.join(0.5)
+        timed = [t.is_alive()]
+        t.join(30)  # nobody releases it: the 3 s pass
+        timed += [t.is_alive(), done.get("timed") == n.nvmlDeviceGetUUID(h0)]
+        control.inject({str(root)!r}, ["driver", "hang"])
+        ts = [start("count", n.nvmlDeviceGetCount), start("driver", n.nvmlSystemGetDriverVersion),
+              start("temp", n.nvmlDeviceGetTemperature, h0, 0)]
+        for t in ts: t.join(0.5)
+        wedged = [t.is_alive() for t in ts]
+        control.inject({str(root)!r}, ["driver", "loaded"])
+        for t in ts: t.join(15)
+        out([timed, wedged, [t.is_alive() for t in ts], sorted(done)])
+    """)
+    assert r == [[True, False, True], [True, True, True], [False, False, False],
+                 ["count", "driver", "temp", "timed"]]
+
+
 def test_fabricmanager_stopped_h100(fresh_root: Roots, nvml: Runner) -> None:
     root = fresh_root("hgx-h100")
     r = nvml(root, f"""
@@ -340,6 +416,8 @@ def test_many_threads_query_while_control_changes(fresh_root: Roots, nvml: Runne
 @pytest.mark.parametrize("words", [
     [], ["driver"], ["driver", "maybe"], ["gpu", "8", "lost"], ["gpu", "x", "lost"], ["gpu", "1", "sad"],
     ["xid", "1"], ["xid", "1", "-4"], ["ecc-dbe", "99", "1"], ["fabricmanager", "stopped"], ["reboot"],
+    ["gpu", "1", "hang", "soon"], ["gpu", "1", "hang", "0"], ["gpu", "1", "lost", "5"], ["gpu", "2", "hang"],
+    ["driver", "hang", "-1"],
 ])
 def test_inject_rejects_bad_input(words: list[str], sim_root: Roots) -> None:
     root = sim_root("pcie-2x-t4")  # every one of these fails before touching the root

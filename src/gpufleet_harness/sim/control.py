@@ -7,6 +7,7 @@ The C library re-reads `control` whenever it changes (one stat() per NVML call) 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,8 @@ class InjectError(ValueError):
     """An injection that makes no sense for this root (bad words, GPU index out of range, ...)."""
 
 
-USAGE = ("driver loaded|unloaded, fabricmanager running|stopped, gpu N lost|ok|reset, xid N CODE [GI CI], "
+USAGE = ("driver loaded|unloaded|hang [SECONDS], fabricmanager running|stopped, gpu N lost|ok|reset, "
+         "gpu N hang [SECONDS], xid N CODE [GI CI], "
          "ecc-dbe N COUNT, library missing|present, load N [util U] [memory-util U] [encoder U] [decoder U] "
          "[pid P] [memory MIB] [name NAME] [seconds S] [kind compute|membound], idle N|all, "
          "clock SECONDS|+SECONDS|real")
@@ -38,6 +40,9 @@ class ControlState:
     driver_loaded: bool = True
     fabricmanager: str | None = None  # "running" / "stopped"; None where the machine has no NVSwitch
     lost: set[int] = field(default_factory=set)
+    # hung GPUs → until when (CLOCK_REALTIME ms; 0: until released): their calls do not return meanwhile
+    hung: dict[int, int] = field(default_factory=dict)
+    driver_hung: int | None = None  # likewise every call of the library; None: not hung
     clock_ms: int | None = None  # the frozen sim clock (ms since boot); None: the real CLOCK_BOOTTIME
 
 
@@ -50,21 +55,31 @@ def read_control(root: str | os.PathLike[str]) -> ControlState:
         return state
     for raw in text.splitlines():
         words = raw.split("#", 1)[0].split()
-        if len(words) >= 2 and words[0] == "driver":
+        if len(words) >= 2 and words[0] == "driver" and words[1] == "hung":
+            state.driver_hung = _until(words[2:])
+        elif len(words) >= 2 and words[0] == "driver":
             state.driver_loaded = words[1] != "unloaded"
         elif len(words) >= 2 and words[0] == "fabricmanager":
             state.fabricmanager = words[1]
         elif len(words) >= 3 and words[0] == "gpu" and words[1].isdigit() and words[2] == "lost":
             state.lost.add(int(words[1]))
+        elif len(words) >= 3 and words[0] == "gpu" and words[1].isdigit() and words[2] == "hung":
+            state.hung[int(words[1])] = _until(words[3:])
         elif len(words) == 2 and words[0] == "clock" and words[1].isdigit():
             state.clock_ms = int(words[1])
     return state
 
 
+def _until(words: list[str]) -> int:
+    """A `hung` line's deadline: its ms word, 0 (until released) when absent or unreadable, as the library."""
+    return int(words[0]) if words and words[0].isdigit() else 0
+
+
 def save_control(root: str | os.PathLike[str], state: ControlState) -> None:
     """Rewrite the control file atomically."""
     simmachine.write_control(Path(root), driver_loaded=state.driver_loaded, fabricmanager=state.fabricmanager,
-                             lost=state.lost, clock_ms=state.clock_ms)
+                             lost=state.lost, clock_ms=state.clock_ms, hung=state.hung,
+                             driver_hung=state.driver_hung)
 
 
 def reset_gpu_mig(root: str | os.PathLike[str], machine: dict, gpu: int) -> None:
@@ -151,9 +166,17 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
         raise InjectError(f"nothing to inject; one of: {USAGE}")
     state = read_control(root)
     what = words[0]
+    if what == "driver" and len(words) >= 2 and words[1] == "hang":
+        if not state.driver_loaded:
+            raise InjectError("driver hang: the driver is unloaded, so every call already fails at once; "
+                              "`driver loaded` first")
+        state.driver_hung, summary = _hang(words[2:], "driver", "driver loaded")
+        save_control(root, state)
+        return f"driver hung {summary}"
     if what == "driver":
         loaded = _choice(words, ("loaded", "unloaded")) == "loaded"
         state.driver_loaded = loaded
+        state.driver_hung = None  # either way a call answers again: the driver is back, or gone
         save_control(root, state)
         simmachine.set_driver_files(root, m, loaded)
         return f"driver {'loaded' if loaded else 'unloaded'}"
@@ -165,20 +188,27 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
         save_control(root, state)
         return f"fabricmanager {fm}"
     if what == "gpu":
-        if len(words) != 3 or words[2] not in ("lost", "ok", "reset"):
-            raise InjectError("usage: gpu N lost|ok|reset")
+        if len(words) not in (3, 4) or words[2] not in ("lost", "ok", "reset", "hang") or (
+                len(words) == 4 and words[2] != "hang"):
+            raise InjectError("usage: gpu N lost|ok|reset|hang [SECONDS]")
         n = _gpu(words[1], m)
+        if words[2] == "hang":
+            state.hung[n], summary = _hang(words[3:], f"gpu {n}", f"gpu {n} ok")
+            save_control(root, state)
+            return f"gpu {n} hung {summary}"
         if words[2] == "reset":
             # nvidia-smi -r: a pending MIG mode applies, MIG instances are gone, a lost GPU stays lost.
             reset_gpu_mig(root, m, n)
             return f"gpu {n} reset"
         if words[2] == "lost":
             state.lost.add(n)
+            state.hung.pop(n, None)  # a GPU off the bus fails its calls at once, the hung one too
             save_control(root, state)
             # A GPU that falls off the bus shows up as XID 79 to whoever watches events.
             append_event(root, "xid", n, 79)
         else:
             state.lost.discard(n)
+            state.hung.pop(n, None)
             save_control(root, state)
         return f"gpu {n} {words[2]}"
     if what in ("xid", "ecc-dbe"):
@@ -213,6 +243,20 @@ def inject(root: str | os.PathLike[str], words: list[str]) -> str:
             raise InjectError(str(e)) from None
         return f"library {'present' if present else 'missing'}"
     raise InjectError(f"unknown injection {what!r}; one of: {USAGE}")
+
+
+def _hang(words: list[str], what: str, release: str) -> tuple[int, str]:
+    """`... hang [SECONDS]`: the control line's deadline (CLOCK_REALTIME ms, 0: until released) and how long.
+    Real time, not the sim clock: a hung call holds up its caller's thread in real time."""
+    if not words:
+        return 0, f"until released ({release})"
+    try:
+        seconds = float(words[0])
+    except ValueError:
+        raise InjectError(f"{what} hang: seconds must be a number, got {words[0]!r}") from None
+    if not 0 < seconds < 1e9:
+        raise InjectError(f"{what} hang: seconds must be more than 0, got {words[0]!r}")
+    return int(time.time() * 1000 + seconds * 1000), f"for {seconds:g} s (or until {release})"
 
 
 def _load(root: Path, machine: dict, words: list[str]) -> str:

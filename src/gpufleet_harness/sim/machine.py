@@ -788,12 +788,19 @@ def set_library_files(root: Path, present: bool, library: Path | None = None) ->
 
 
 def write_control(root: Path, *, driver_loaded: bool, fabricmanager: str | None, lost: set[int],
-                  clock_ms: int | None = None) -> None:
-    """Write the whole control state (see docs/simulator.md, "control")."""
+                  clock_ms: int | None = None, hung: dict[int, int] | None = None,
+                  driver_hung: int | None = None) -> None:
+    """Write the whole control state (see docs/simulator.md, "control"). `hung` (GPU → until) and
+    `driver_hung` (until; None: not hung) give the CLOCK_REALTIME ms until which calls block (0: until
+    released)."""
     lines = [f"driver {'loaded' if driver_loaded else 'unloaded'}"]
+    if driver_hung is not None:
+        lines.append(f"driver hung {driver_hung}" if driver_hung else "driver hung")
     if fabricmanager:
         lines.append(f"fabricmanager {fabricmanager}")
     lines += [f"gpu {i} lost" for i in sorted(lost)]
+    for i, until in sorted((hung or {}).items()):
+        lines.append(f"gpu {i} hung {until}" if until else f"gpu {i} hung")
     if clock_ms is not None:
         lines.append(f"clock {clock_ms}")
     atomic_write(root / "control", "\n".join(lines) + "\n")

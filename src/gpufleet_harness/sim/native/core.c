@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <time.h>
 
 sim_state g_sim = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -38,6 +39,18 @@ static void control_defaults(void)
     g_sim.clock_frozen = 0;
     g_sim.clock_ms = 0;
     memset(g_sim.lost, 0, sizeof g_sim.lost);
+    memset(g_sim.hung_until, 0, sizeof g_sim.hung_until);
+    g_sim.driver_hung_until = 0;
+}
+
+/* A control line's `hung [UNTIL]` tail: UNTIL in CLOCK_REALTIME ms, else until the line goes. */
+static long long hung_until(const char *until)
+{
+    char *end;
+    long long ms;
+    if (!*until) return SIM_HUNG_FOREVER;
+    ms = strtoll(until, &end, 10);
+    return *end == '\0' && ms > 0 ? ms : SIM_HUNG_FOREVER;
 }
 
 static void control_parse(char *text)
@@ -45,11 +58,13 @@ static void control_parse(char *text)
     char *save = NULL, *line;
     control_defaults();
     for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        char word[32] = "", arg1[32] = "", arg2[32] = "";
+        char word[32] = "", arg1[32] = "", arg2[32] = "", arg3[32] = "";
         char *hash = strchr(line, '#');
         if (hash) *hash = '\0';
-        if (sscanf(line, "%31s %31s %31s", word, arg1, arg2) < 2) continue;
-        if (strcmp(word, "driver") == 0) {
+        if (sscanf(line, "%31s %31s %31s %31s", word, arg1, arg2, arg3) < 2) continue;
+        if (strcmp(word, "driver") == 0 && strcmp(arg1, "hung") == 0) {
+            g_sim.driver_hung_until = hung_until(arg2);
+        } else if (strcmp(word, "driver") == 0) {
             g_sim.driver_loaded = strcmp(arg1, "unloaded") != 0;
         } else if (strcmp(word, "clock") == 0) {
             /* `clock MS`: the sim clock stands still at MS (tests step it); absent: CLOCK_BOOTTIME */
@@ -64,7 +79,10 @@ static void control_parse(char *text)
         } else if (strcmp(word, "gpu") == 0) {
             char *end;
             long idx = strtol(arg1, &end, 10);
-            if (*end == '\0' && idx >= 0 && idx < SIM_MAX_GPUS) g_sim.lost[idx] = strcmp(arg2, "lost") == 0;
+            if (*end == '\0' && idx >= 0 && idx < SIM_MAX_GPUS) {
+                if (strcmp(arg2, "lost") == 0) g_sim.lost[idx] = 1;
+                else if (strcmp(arg2, "hung") == 0) g_sim.hung_until[idx] = hung_until(arg3);
+            }
         }
         /* Unknown lines are ignored: newer tooling may write settings an older library predates. */
     }
@@ -431,11 +449,36 @@ nvmlReturn_t sim_leave(nvmlReturn_t ret)
     return ret;
 }
 
+/* Whether a hang (an entry of hung_until) holds now. */
+static int hang_holds(long long until)
+{
+    struct timespec ts;
+    if (until == 0) return 0;
+    if (until == SIM_HUNG_FOREVER) return 1;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 < until;
+}
+
+/* A hung call as its caller sees it: it does not return. The lock is dropped while it waits (other
+ * threads, other GPUs go on) and taken again before the control file is looked at anew. Lock held. */
+static void hang_wait(void)
+{
+    struct timespec ts = {0, 20 * 1000000L};
+    pthread_mutex_unlock(&g_sim.lock);
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&g_sim.lock);
+    control_refresh(0);
+}
+
 nvmlReturn_t sim_enter(void)
 {
     pthread_mutex_lock(&g_sim.lock);
     if (g_sim.refcount <= 0) return sim_leave(NVML_ERROR_UNINITIALIZED);
     control_refresh(0);
+    while (hang_holds(g_sim.driver_hung_until)) {
+        hang_wait();
+        if (g_sim.refcount <= 0) return sim_leave(NVML_ERROR_UNINITIALIZED);
+    }
     if (!g_sim.driver_loaded) return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
     sim_mig_refresh(0);
     return NVML_SUCCESS;
@@ -461,11 +504,16 @@ nvmlReturn_t sim_check_dev(nvmlDevice_t device)
 
 nvmlReturn_t sim_enter_dev(nvmlDevice_t device)
 {
-    nvmlReturn_t r = sim_enter();
-    if (r != NVML_SUCCESS) return r;
-    r = sim_check_dev(device);
-    if (r != NVML_SUCCESS) return sim_leave(r);
-    return NVML_SUCCESS;
+    for (;;) {
+        nvmlReturn_t r = sim_enter();
+        if (r != NVML_SUCCESS) return r;
+        r = sim_check_dev(device);
+        if (r != NVML_SUCCESS) return sim_leave(r);
+        if (!hang_holds(g_sim.hung_until[device->index])) return NVML_SUCCESS;
+        /* a hung GPU: wait, then check everything again (the driver may have gone, the GPU been lost) */
+        hang_wait();
+        sim_leave(NVML_SUCCESS);
+    }
 }
 
 /* ------------------------------------------------------------------------------------ init / shutdown */
@@ -489,6 +537,7 @@ nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags)
         }
     }
     control_refresh(1);
+    while (hang_holds(g_sim.driver_hung_until)) hang_wait(); /* a wedged driver: opening it blocks too */
     if (!g_sim.driver_loaded) return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
     if (g_sim.refcount == 0) {
         sim_mig_refresh(1);

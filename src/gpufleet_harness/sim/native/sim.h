@@ -18,6 +18,7 @@
 #define SIM_MAX_SWITCHES 16
 #define SIM_MAX_NUMA 16
 #define SIM_DEFAULT_ROOT "/etc/gpufleet-sim"
+#define SIM_HUNG_FOREVER (-1LL)
 
 /* ---- types newer than the CUDA 11.8 header; layouts follow nvidia-ml-py's ctypes structures ---- */
 
@@ -372,6 +373,10 @@ typedef struct {
     long long ctl_mtime_ns;
     int driver_loaded, fm_running;
     unsigned char lost[SIM_MAX_GPUS];
+    /* control `gpu N hung [UNTIL]` / `driver hung [UNTIL]`: calls on the GPU's handle (every call of the
+     * library) block until the line goes or UNTIL (CLOCK_REALTIME ms) passes; SIM_HUNG_FOREVER: no UNTIL */
+    long long hung_until[SIM_MAX_GPUS]; /* 0: not hung */
+    long long driver_hung_until;
     int clock_frozen;              /* control `clock MS`: the sim clock stands at clock_ms */
     long long clock_ms;
 
