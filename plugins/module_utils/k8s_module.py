@@ -53,10 +53,13 @@ def required_image(params: Mapping[str, Any], what: str, error: type[Exception])
 def node_names_affinity(names: list[str]) -> dict[str, Any]:
     """The pods' affinity that keeps them on the nodes named (``node_names``; the nodes an image was imported
     on when there is no registry): a required node affinity on the Node's ``metadata.name`` field, which is
-    the node's name itself (a label such as kubernetes.io/hostname can differ from it)."""
-    values = sorted(set(map(str, names)))
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": values}]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    the node's name itself (a label such as kubernetes.io/hostname can differ from it). The API server allows
+    one value per ``matchFields`` requirement, so each node is a term of its own (terms are ORed)."""
+    terms = [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
+        for name in sorted(set(map(str, names)))
+    ]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 
 
 T = TypeVar("T")

@@ -306,9 +306,12 @@ def test_kubernetes_yml_deploys_the_workloads_by_the_refs_images_json_gives(
             "gpufleet_kubernetes_configure_scheduler": False,
             "gpufleet_kubernetes_wait": False,
         }
+        hosts = {"gpu-a": node, "gpu-b": node | {"gpufleet_images_node_dir": str(tmp_path / "node-dir-b")}}
         inventory = tmp_path / "hosts.yml"
         inventory.write_text(
-            yaml.safe_dump({"all": {"vars": settings, "children": {"gpu_nodes": {"hosts": {"gpu-a": node}}}}})
+            # two GPU nodes: without a registry both workloads are kept to them, a node affinity the real API
+            # server must accept (one value per matchFields requirement: it refused a list of two in the lab)
+            yaml.safe_dump({"all": {"vars": settings, "children": {"gpu_nodes": {"hosts": hosts}}}})
         )
 
         def kubernetes_yml(*args: str) -> subprocess.CompletedProcess[str]:
@@ -344,6 +347,9 @@ def test_kubernetes_yml_deploys_the_workloads_by_the_refs_images_json_gives(
             for spec, name in ((daemon_set, "device-plugin"), (deployment, "extender")):
                 containers = [*(spec.init_containers or []), *spec.containers]
                 assert {c.image for c in containers} == {refs[name]}, (name, [c.image for c in containers])
+                terms = spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+                pinned = [f.values for t in terms.node_selector_terms for f in t.match_fields]
+                assert pinned == [["gpu-a"], ["gpu-b"]], (name, pinned)
         finally:
             # waited for this time: the namespace is gone when the run ends
             gone = kubernetes_yml(

@@ -399,8 +399,12 @@ def test_node_names_pin_both_workloads_to_those_nodes_and_nothing_else_by_defaul
     cfg = _dp_config({})
     assert "affinity" not in k8s_deviceplugin.pod_spec(_dp_params(), cfg)  # [] limits nothing
     spec = k8s_deviceplugin.pod_spec(_dp_params(node_names=["gpu-b", "gpu-a", "gpu-a"]), cfg)
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-a", "gpu-b"]}]}
-    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    # one value per matchFields requirement (the API server refuses more), one term per node
+    terms = [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+        for n in ["gpu-a", "gpu-b"]
+    ]
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
     assert spec["affinity"] == {"nodeAffinity": required}
     assert spec["containers"][0]["image"] == DP_IMAGE
 
