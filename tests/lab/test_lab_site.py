@@ -528,7 +528,11 @@ def test_driver_rollout_drains_reboots_and_uncordons_a_node(lab: Lab) -> None:
     boots = {host: _boot(lab, host) for host in (node, *others)}
     run = lab.playbook("-e", f"gpufleet_target={node}", playbook="playbooks/upgrade_driver.yml")
     assert run.returncode == 0, f"upgrade_driver.yml failed:\n{failures(run.stdout + run.stderr)}"
-    assert set(recap(run.stdout)) == {node}, recap(run.stdout)
+    # the variable check (check_variables.yml, hosts all:localhost, run once on the controller) counts as ok
+    # tasks of the inventory's first host; nothing else runs anywhere but on the node rolled
+    summary = recap(run.stdout)
+    busy = {h for h, r in summary.items() if r["changed"] or r["ok"] > 2}
+    assert node in summary and busy == {node}, summary
     assert _boot(lab, node) != boots[node], f"{node} did not reboot"
     assert {host: _boot(lab, host) for host in others} == {host: boots[host] for host in others}
 
