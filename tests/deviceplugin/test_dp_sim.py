@@ -226,6 +226,60 @@ def test_dgx_xid_health_lost_gpu_and_recovery(dgx: Sim) -> None:
     watcher.cancel()
 
 
+def lines_with(sim: Sim, *words: str) -> list[str]:
+    return [line for line in sim.proc.output().splitlines() if all(w in line for w in words)]
+
+
+def test_a_hung_gpu_goes_unhealthy_while_the_others_health_goes_on_then_recovers(sim_library: str) -> None:
+    # GPU 2's NVML calls block (`gpu 2 hang`: a wedged driver call that never returns). Before the
+    # per-probe deadline the health thread waited in GPU 2's probe: an XID on GPU 5 went unreported until
+    # GPU 2 was released, and GPU 2 itself stayed Healthy.
+    sim = start_sim("dgx-a100", args=["--health-probe-timeout", "1"])
+    try:
+        wait_for(lambda: sim.kubelet.requests, "registration")
+        watcher = Watcher(plugin_channel(sim.socket_dir, ENDPOINT))
+        watcher.wait(lambda d: len(d) == 8 and set(d.values()) == {"Healthy"}, "all healthy")
+        u = sim.uuids
+        inject(sim.root, "gpu", "2", "hang")
+        inject(sim.root, "xid", "5", "48")
+        latest = watcher.wait(
+            lambda d: d[u[2]] == "Unhealthy" and d[u[5]] == "Unhealthy",
+            "hung GPU 2 and GPU 5 (XID 48) unhealthy while GPU 2 hangs",
+        )
+        assert index_health(sim, latest) == list("HHUHHUHH")
+        assert lines_with(sim, "event=health_gpu_hung", f"gpu={u[2]}", "deadline_s=1.0")
+        (changed,) = lines_with(sim, "event=gpu_health_changed", "gpu=2 ")
+        assert "healthy=false" in changed and 'reason="NVML call has not returned for' in changed
+        with pytest.raises(grpc.RpcError) as err:
+            sim.allocate(2)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "GPU 2" in err.value.details() and "NVML call has not returned" in err.value.details()
+
+        # Still hung: the other GPUs' probes go on. GPU 3 is lost and comes back, and the event set the
+        # recovery opens anew (without GPU 2, whose registration would hang) reports an XID on GPU 3.
+        inject(sim.root, "gpu", "3", "lost")
+        wait_for(lambda: lines_with(sim, "gpu=3 ", "GPU is lost"), "the probe to see GPU 3 lost")
+        inject(sim.root, "gpu", "3", "ok")
+        watcher.wait(lambda d: d[u[3]] == "Healthy", "GPU 3 healthy after its reset, GPU 2 still hung")
+        inject(sim.root, "xid", "3", "94")
+        latest = watcher.wait(lambda d: d[u[3]] == "Unhealthy", "XID 94 on GPU 3 while GPU 2 hangs")
+        assert index_health(sim, latest) == list("HHUUHUHH")
+        assert not lines_with(sim, "event=health_gpu_answered"), "GPU 2's hang ended early"
+
+        # Released: the abandoned call returns, the next probe finds GPU 2 answering, and it recovers
+        # (it had been unreachable, as after a reset); it is watched for events again.
+        inject(sim.root, "gpu", "2", "ok")
+        latest = watcher.wait(lambda d: d[u[2]] == "Healthy", "GPU 2 healthy once it answers again")
+        assert index_health(sim, latest) == list("HHHUHUHH")
+        assert lines_with(sim, "event=health_gpu_answered", f"gpu={u[2]}")
+        inject(sim.root, "xid", "2", "48")
+        watcher.wait(lambda d: d[u[2]] == "Unhealthy", "XID 48 on the recovered GPU 2")
+        watcher.cancel()
+    finally:
+        inject(sim.root, "gpu", "2", "ok")
+        assert stop_sim(sim) == 0
+
+
 # ----- pcie-2x-t4 ----------------------------------------------------------------------------------------
 
 

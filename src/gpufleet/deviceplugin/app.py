@@ -81,7 +81,12 @@ class App:
         self.rm = ResourceManager(
             source,
             cfg.resources(),
-            HealthSettings(cfg.health_enabled, frozenset(cfg.health_ignored_xids), cfg.health_probe_interval),
+            HealthSettings(
+                cfg.health_enabled,
+                frozenset(cfg.health_ignored_xids),
+                cfg.health_probe_interval,
+                cfg.health_probe_timeout,
+            ),
             StartSettings(cfg.nvml_on_init_failure == "fail", cfg.nvml_retry_interval),
             self.metrics,
         )

@@ -97,6 +97,7 @@ class Config:
     health_enabled: bool = True
     health_ignored_xids: tuple[int, ...] = tuple(sorted(DEFAULT_IGNORED_XIDS))
     health_probe_interval: float = 5.0
+    health_probe_timeout: float = 5.0
     allocate_device_id_strategy: str = "uuid"
     allocate_pass_device_specs: bool = True
     allocate_driver_mounts: tuple[MountSpec, ...] = ()
@@ -328,6 +329,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health.enabled", as_bool, help="watch XID/ECC events and probe GPUs"),
     Setting("health.ignored_xids", _xids, help="XIDs that never make a GPU unhealthy (comma-separated)"),
     Setting("health.probe_interval", _interval, help="seconds between lost/recovered probes"),
+    Setting("health.probe_timeout", _interval, help="seconds one GPU's probe may take before it is hung"),
     Setting("allocate.device_id_strategy", choice("uuid", "index"), help="NVIDIA_VISIBLE_DEVICES form"),
     Setting("allocate.pass_device_specs", as_bool, help="return /dev/nvidia* device specs"),
     Setting("allocate.driver_mounts", _mounts, flag_ok=False),

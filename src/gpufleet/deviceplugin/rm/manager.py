@@ -1,8 +1,11 @@
 """The resource manager: devices per resource, their health over time, and request validation.
 
-One background thread owns every NVML call after start-up. It blocks in the NVML event set's wait
+One background thread owns every health decision after start-up. It blocks in the NVML event set's wait
 (XIDs and double-bit ECC errors arrive as they happen); the only timer is a low-rate probe of each GPU,
-which is how a lost GPU is noticed without an event and how a reset GPU is seen coming back.
+which is how a lost GPU is noticed without an event and how a reset GPU is seen coming back. Probes run
+through watchdog.Sampler with a deadline per GPU: a GPU whose NVML call does not return is marked
+unhealthy after `probe_timeout_s`, its call is abandoned on a worker thread, and the thread goes back to
+the other GPUs' events and probes; the GPU is probed again once that call returns.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from gpufleet.deviceplugin.rm.model import (
     HealthEventKind,
     MigDeviceInfo,
     NodeInventory,
+    Probe,
     SourceUnavailable,
 )
 from gpufleet.deviceplugin.rm.preferred import preferred_allocation
+from gpufleet.deviceplugin.watchdog import Outcome, Sampler, Wording
 from gpufleet.logs import log_event
 
 # Longest single NVML event wait: bounds how long stop() waits for the thread, not how fast events arrive.
@@ -43,6 +48,8 @@ class HealthSettings:
     enabled: bool = True
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     probe_interval_s: float = 5.0
+    # How long one GPU's probe may take before the GPU counts as hung (unhealthy, unreachable).
+    probe_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,13 @@ class ResourceManager:
         self._thread: threading.Thread | None = None
         self._events: EventStream | None = None
         self._pending: list[HealthEvent] = []  # drained from a replaced event set, not yet applied
+        self._unwatched: frozenset[str] = frozenset()  # hung GPUs the current event set leaves out
         self._last_xid: dict[str, int] = {}  # GPU UUID -> its last XID, ignored ones too (telemetry)
+        self._prober: Sampler[str, Probe] = Sampler(
+            source.probe,
+            self.health.probe_timeout_s,
+            Wording("health", "marked unhealthy; the other GPUs go on", "probed again next round"),
+        )
 
     # ----- lifecycle -------------------------------------------------------------------------------
 
@@ -295,7 +308,8 @@ class ResourceManager:
                 self._apply_event(event)
 
     def _refresh_events(self) -> None:
-        """A GPU came back: event sets stop watching lost GPUs, so watch it again with a new set.
+        """A GPU came back: event sets stop watching lost GPUs, so watch it again with a new set. Also
+        called when a GPU hangs, for a set without it.
 
         Done before anyone hears of the recovery, and gap-free: the new set exists before the old one
         is drained and closed, so an event lands in at least one of them (a duplicate XID is harmless).
@@ -311,12 +325,23 @@ class ResourceManager:
         old.close()
 
     def _open_events(self) -> bool:
+        # A hung GPU would hang its registration too: it is watched again once it answers (a recovery
+        # refreshes the event set).
+        hung = frozenset(self._prober.hung())
+        watched = [g.uuid for g in self.inventory().gpus if g.uuid not in hung]
         try:
-            self._events = self.source.open_events([g.uuid for g in self.inventory().gpus])
+            self._events = self.source.open_events(watched)
         except SourceUnavailable as exc:
             log_event("health_events_unavailable", level="warning", error=str(exc), fallback="probe only")
             return False
+        self._unwatched = hung
         return True
+
+    def _unwatch_hung(self) -> None:
+        """A GPU hangs: leave it out of the event set. The set is opened afresh whenever a watched GPU is
+        lost (and on every recovery), and registering the hung GPU again would hang this thread."""
+        if self._events is not None and not self._prober.hung().keys() <= self._unwatched:
+            self._refresh_events()
 
     def _apply_event(self, event: HealthEvent) -> None:
         index = self._index(event.uuid)
@@ -353,14 +378,22 @@ class ResourceManager:
         return [replace(event, uuid=u) for u in hit]
 
     def _probe_all(self) -> None:
-        for gpu in self.inventory().gpus:
-            self._probe(gpu.uuid)
-
-    def _probe(self, uuid: str) -> None:
-        self._changed(self._probe_changes(uuid))
+        uuids = [gpu.uuid for gpu in self.inventory().gpus]
+        outcomes = self._prober.round(uuids)
+        self._unwatch_hung()
+        self._changed([c for u in uuids for c in self._probe_applied(u, outcomes.get(u))])
 
     def _probe_changes(self, uuid: str) -> list[Transition]:
-        result = self.source.probe(uuid)
+        outcome = self._prober.round([uuid]).get(uuid)
+        self._unwatch_hung()
+        return self._probe_applied(uuid, outcome)
+
+    def _probe_applied(self, uuid: str, outcome: Outcome[Probe] | None) -> list[Transition]:
+        if outcome is None or outcome.problem or outcome.sample is None:
+            # Hung past the deadline (or the probe itself failed): as unreachable as a lost GPU.
+            result = Probe(False, outcome.problem if outcome else "no probe result")
+        else:
+            result = outcome.sample
         with self._lock:
             changes = self._state.tracker.on_probe(uuid, result)
             if any(c.after.healthy for c in changes):

@@ -1,6 +1,6 @@
 """GPU series on the device plugin's /metrics: dcgm-exporter's names and labels, attributed to pods.
 
-Every ``interval_s`` a round reads each GPU (collector.Sampler: a deadline per GPU), asks the kubelet who
+Every ``interval_s`` a round reads each GPU (watchdog.Sampler: a deadline per GPU), asks the kubelet who
 holds what (pods.PodAttributor), and renders the text once. A scrape only copies that text and adds each
 GPU's sample age: it never calls NVML, the kubelet or the API server, whatever it asks for.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.deviceplugin.rm.model import GpuInfo, MigDeviceInfo, NodeInventory
-from gpufleet.deviceplugin.telemetry.collector import Outcome, Sampler, Ticker
+from gpufleet.deviceplugin.telemetry.collector import Ticker
 from gpufleet.deviceplugin.telemetry.fields import (
     DRIVER_LABEL,
     FIELDS,
@@ -32,6 +32,7 @@ from gpufleet.deviceplugin.telemetry.fields import (
     NvlinkRate,
 )
 from gpufleet.deviceplugin.telemetry.pods import NOBODY, Attribution, Holder
+from gpufleet.deviceplugin.watchdog import Outcome, Sampler
 from gpufleet.gpu.pci import nvml_bus_id
 from gpufleet.gpu.telemetry import Reading
 from gpufleet.logs import log_event
