@@ -33,13 +33,8 @@ PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 def host() -> Iterator[str]:
     if os.geteuid() != 0 or missing_tools():
         pytest.fail(f"needs root and the test-host tools (missing: {missing_tools()})", pytrace=False)
-    image = images.build_image(images.ImageSpec("bookworm"))
-    name = f"gpufleet-conn-{uuid.uuid4().hex[:8]}"
-    try:
-        podman("run", "-d", "--name", name, "--network=none", image, "sleep", "infinity")
+    with images.scratch_host("gpufleet-conn", "--network=none", command=("sleep", "infinity")) as name:
         yield name
-    finally:
-        podman("rm", "-f", "-t", "0", name, check=False)
 
 
 def _play(

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from daemons import Containerd, containerd, dockerd, registry
 from kubernetes import client as k8s
+from modargs import kubernetes_yml
 
 from gpufleet import ociarchive
 from gpufleet_harness.cluster.process import free_ports
@@ -314,24 +315,8 @@ def test_kubernetes_yml_deploys_the_workloads_by_the_refs_images_json_gives(
             yaml.safe_dump({"all": {"vars": settings, "children": {"gpu_nodes": {"hosts": hosts}}}})
         )
 
-        def kubernetes_yml(*args: str) -> subprocess.CompletedProcess[str]:
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("ANSIBLE_", "GPUFLEET_", "KUBECONFIG"))
-            }
-            return subprocess.run(
-                [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "playbooks/kubernetes.yml", *args],
-                cwd=REPO,
-                env=env | {"ANSIBLE_NOCOLOR": "1"},
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-
         try:
-            deployed = kubernetes_yml()
+            deployed = kubernetes_yml(inventory, timeout=600)
             assert deployed.returncode == 0, _explain(deployed)
             refs = {name: entry["id"] for name, entry in doc["images"].items()}
             for ref in refs.values():
@@ -353,7 +338,12 @@ def test_kubernetes_yml_deploys_the_workloads_by_the_refs_images_json_gives(
         finally:
             # waited for this time: the namespace is gone when the run ends
             gone = kubernetes_yml(
-                "-e", "gpufleet_kubernetes_state=absent", "-e", "gpufleet_kubernetes_wait=true"
+                inventory,
+                "-e",
+                "gpufleet_kubernetes_state=absent",
+                "-e",
+                "gpufleet_kubernetes_wait=true",
+                timeout=600,
             )
             assert gone.returncode == 0, _explain(gone)
     assert namespace not in {n.metadata.name for n in cp.core_v1().list_namespace().items}

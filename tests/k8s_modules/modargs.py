@@ -4,10 +4,14 @@ folder on sys.path, so ``from modargs import ...`` works from any test folder.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
-from labstack import SIM_DIR, LabStack
+from labstack import REPO, SIM_DIR, LabStack, ensure_collection_link
 
 from gpufleet_harness.cluster.cluster import ControlPlane
 
@@ -66,3 +70,21 @@ def object_actions(result: dict[str, Any]) -> list[tuple[str, str]]:
 def plain(obj: Any) -> Any:
     """A kubernetes client model as the plain JSON-like structure the API server sent."""
     return k8s.ApiClient().sanitize_for_serialization(obj)
+
+
+def kubernetes_yml(inventory: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """``ansible-playbook -i INVENTORY playbooks/kubernetes.yml EXTRA`` in the checkout, as an operator runs
+    it: the checkout's ansible.cfg and collection link, none of this process's Ansible, gpufleet or
+    kubeconfig settings."""
+    ensure_collection_link()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_", "KUBECONFIG"))}
+    argv = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        "playbooks/kubernetes.yml",
+    ]
+    return subprocess.run(
+        [*argv, *extra], cwd=REPO, env=env | {"ANSIBLE_NOCOLOR": "1"}, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip

@@ -9,16 +9,15 @@ configuration rides on the deploy test's runs instead of five runs of its own (s
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client as k8s
-from labstack import REPO, SIM_DIR, LabStack, ensure_collection_link, scheduler_config_options, timed
+from labstack import SIM_DIR, LabStack, scheduler_config_options, timed
+from modargs import kubernetes_yml
 
 from gpufleet_harness.cluster.process import free_ports
 from gpufleet_harness.cluster.staticpod import StaticPodRunner, write_kubeadm_manifest
@@ -34,27 +33,6 @@ def _recap(output: str) -> dict[str, dict[str, int]]:
         if match:
             recap[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
     return recap
-
-
-def _playbook(inventory: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    ensure_collection_link()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUFLEET_", "KUBECONFIG"))}
-    argv = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
-        "-i",
-        str(inventory),
-        "playbooks/kubernetes.yml",
-        *extra,
-    ]
-    return subprocess.run(
-        argv,
-        cwd=REPO,
-        env=env | {"ANSIBLE_NOCOLOR": "1"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
 
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -144,7 +122,7 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
     apps = k8s.AppsV1Api(cp.api_client())
     removed = False
     try:
-        unknown = _playbook(inventory({NAME_VAR: "slised"}, {}))
+        unknown = kubernetes_yml(inventory({NAME_VAR: "slised"}, {}))
         assert unknown.returncode != 0
         assert (
             f"GPU node gpu-a.lab.example: {NAME_VAR} slised is not a named configuration of the device "
@@ -157,7 +135,7 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
 
         per_group = inventory({}, {NAME_VAR: "sliced"})
         with timed(stack.timings, "kubernetes.yml: first run, named configuration by group"):
-            first = _playbook(per_group)
+            first = kubernetes_yml(per_group)
         assert first.returncode == 0, first.stdout[-4000:]
         ds = apps.read_namespaced_daemon_set("gpufleet-device-plugin", "gpufleet-role")
         assert ds.status is not None and ds.status.number_available == 1
@@ -177,7 +155,7 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
         assert node.status.allocatable["nvidia.com/gpu"] == "16"  # the role's wait saw 8 GPUs x 2
 
         with timed(stack.timings, "kubernetes.yml: second run"):
-            second = _playbook(per_group)
+            second = kubernetes_yml(per_group)
         assert second.returncode == 0, second.stdout[-4000:]
         assert {host: counts["changed"] for host, counts in _recap(second.stdout).items()} == {
             "gpu-a.lab.example": 0,
@@ -185,14 +163,14 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
         }, second.stdout[-3000:]
         assert runner.restarts == 1
 
-        unset = _playbook(inventory({}, {}))
+        unset = kubernetes_yml(inventory({}, {}))
         assert unset.returncode == 0, unset.stdout[-4000:]
         assert labelled() is None
         # switched back live, waited for by the role; nothing else moved
         assert core.read_node("gpu-a").status.allocatable["nvidia.com/gpu"] == "8"
         assert runner.restarts == 1
 
-        gone = _playbook(per_group, "-e", "gpufleet_kubernetes_state=absent")
+        gone = kubernetes_yml(per_group, "-e", "gpufleet_kubernetes_state=absent")
         removed = gone.returncode == 0
         assert removed, gone.stdout[-4000:]
         assert yaml.safe_load(manifest.read_text()) == yaml.safe_load(original) and not config_file.exists()
@@ -202,6 +180,6 @@ def test_kubernetes_playbook_deploys_is_idempotent_and_removes(stack: LabStack, 
         assert "nvidia" not in {rc.metadata.name for rc in runtime_classes}
     finally:
         if not removed:
-            _playbook(inventory({}, {}), "-e", "gpufleet_kubernetes_state=absent")
+            kubernetes_yml(inventory({}, {}), "-e", "gpufleet_kubernetes_state=absent")
         core.patch_node("gpu-a", {"metadata": {"labels": {CONFIG_LABEL: None}}})
         runner.stop()

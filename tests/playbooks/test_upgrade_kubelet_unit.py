@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import pytest
 import yaml
 from playbookrun import playbook
 
-from gpufleet_harness.cluster.process import wait_for
 from gpufleet_harness.testhosts import images
-from gpufleet_harness.testhosts.podman import ensure_containers_conf, podman
+from gpufleet_harness.testhosts.podman import ensure_containers_conf
 from gpufleet_harness.testhosts.workspace import missing_tools
 
 pytestmark = [pytest.mark.root, pytest.mark.xdist_group("molecule")]
@@ -40,15 +38,8 @@ AS_A_NODE = json.dumps({"gpufleet_kubernetes_kubeconfig": "/nonexistent/kubeconf
 def host() -> Iterator[str]:
     if os.geteuid() != 0 or missing_tools():
         pytest.fail(f"needs root and the test-host tools (missing: {missing_tools()})", pytrace=False)
-    image = images.build_image(images.ImageSpec("bookworm"))
-    name = f"gpufleet-kunit-{uuid.uuid4().hex[:8]}"
-    try:
-        podman("run", "-d", "--name", name, "--systemd=always", "--network=none", image)
-        state = lambda: podman("exec", name, "systemctl", "is-system-running", check=False).stdout.strip()  # noqa: E731
-        wait_for(f"{name} booted", lambda: state() in ("running", "degraded"), 120, interval=0.5)
+    with images.scratch_host("gpufleet-kunit", "--network=none", boot=True) as name:
         yield name
-    finally:
-        podman("rm", "-f", "-t", "0", name, check=False)
 
 
 def _inventory(directory: Path, host: str, **hostvars: str) -> Path:

@@ -1,4 +1,5 @@
-"""The service images (device plugin, scheduler extender) as OCI archives: ``gpufleet release images --out OUT`` (into OUT/images).
+"""The service images (device plugin, scheduler extender) as OCI archives: ``gpufleet release images --out
+OUT`` (into OUT/images).
 
 No registry is reachable where gpufleet is built, so nothing is pulled:
 

@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -333,3 +335,32 @@ def _record_build(spec: ImageSpec, key: str, seconds: float) -> None:
     log = state_dir() / "image-builds.jsonl"
     with log.open("a") as fh:
         fh.write(json.dumps({"image": spec.name, "key": key, "seconds": round(seconds, 1)}) + "\n")
+
+
+@contextmanager
+def scratch_host(
+    prefix: str, *options: str, command: tuple[str, ...] = (), boot: bool = False, release: str = "bookworm"
+) -> Iterator[str]:
+    """A test-host container of its own for a test: ``podman run -d`` of the ``release`` image under a unique
+    name starting with ``prefix``, with ``options`` and ``command``; with ``boot``, systemd as PID 1
+    (``--systemd=always``) and the host booted (running or degraded) before the name is yielded. Removed at
+    the end, also when the test fails."""
+    image = build_image(ImageSpec(release))
+    name = f"{prefix}-{os.urandom(4).hex()}"
+    try:
+        podman(
+            "run", "-d", "--name", name, *(["--systemd=always"] if boot else []), *options, image, *command
+        )
+        deadline = time.monotonic() + 120
+        while boot:
+            state = podman("exec", name, "systemctl", "is-system-running", check=False).stdout.strip()
+            if state in ("running", "degraded"):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"test host {name} did not boot in 120 s (systemd says {state or 'nothing'})"
+                )
+            time.sleep(0.5)
+        yield name
+    finally:
+        podman("rm", "-f", "-t", "0", name, check=False)
