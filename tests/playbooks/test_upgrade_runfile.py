@@ -74,4 +74,4 @@ def test_a_runfile_host_without_a_checksum_is_refused_in_the_preflight(tmp_path:
     assert _failed_in(run, CHECKSUM) == PREFLIGHT
     assert ROLLOUT not in run.plays()
     msg = run.results(CHECKSUM)["rf-a"]["msg"]
-    assert "nvidia_driver_runfile_checksum is ''; runfile installs require it" in msg
+    assert "nvidia_driver_runfile_checksum is required for runfile installs" in msg and "found ''" in msg
