@@ -250,7 +250,9 @@ def test_the_installed_wheel_and_collection_provision_and_validate_the_simulated
     _ok(machine.run("gpufleet", "provision", "-i", inventory.name, "--playbook", "gpufleet.nvidia.validate",
                     *checks, "--state-dir", str(other)))  # fmt: skip
     assert (other / "validation-report" / "report.json").is_file()
-    assert "state-provision" in _ok(machine.run("gpufleet", "report", "--state-dir", str(other))).stdout
+    # the report names where it was read from; a long path may wrap at the terminal's width
+    shown = _ok(machine.run("gpufleet", "report", "--state-dir", str(other))).stdout
+    assert "state-provision" in "".join(shown.split()), shown
     site_packages = next((machine.venv / "lib").glob("python3*/site-packages"))
     assert not (site_packages / ".lab").exists() and not (site_packages.parent / ".lab").exists()
 

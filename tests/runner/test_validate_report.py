@@ -225,3 +225,19 @@ def test_report_finds_the_newest_of_the_checkouts_and_the_labs_report(tmp_path: 
     os.utime(lab / "report.json", ns=(1, 1))
     os.utime(own / "report.json")
     assert last_report_dir(tmp_path) == own
+
+
+def test_a_long_report_directory_wraps_before_the_time_it_was_written(tmp_path: Path) -> None:
+    """`gpufleet report`'s heading: the directory, wrapped to the width, then when it was written. The time
+    used to be inserted after the first line, splitting a wrapped directory in two (seen in CI with a deep
+    pytest directory)."""
+    from gpufleet.runner import cli, progress
+
+    directory = tmp_path.joinpath(*(["a-rather-long-directory-name"] * 4), "validation-report")
+    directory.mkdir(parents=True)
+    (directory / "report.txt").write_text("HOST  MODE  HOST\n")
+    text = cli._report_text(directory, Report(checks=[]), "2026-11-29 07:00:00")
+    head, rest = text.split("written 2026-11-29 07:00:00\n\n")
+    assert len(head.splitlines()) > 1 and all(len(line) <= progress.WIDTH for line in head.splitlines())
+    assert "".join(head.split()) == f"VALIDATIONREPORT{directory}"
+    assert rest == "HOST  MODE  HOST\n"

@@ -263,14 +263,15 @@ def load_report(directory: Path) -> tuple[dict[str, Any], Report]:
     return doc, Report(checks=checks, problems=list(doc.get("problems") or []), suites=suites, modes=modes)
 
 
-def _report_text(directory: Path, report: Report) -> str:
+def _report_text(directory: Path, report: Report, written: str = "") -> str:
+    """The report's heading (its directory, wrapped to the width; then when it was written) and its table."""
     try:
         table = (directory / "report.txt").read_text()
     except OSError:
         table = report.table()
     head = textwrap.wrap(f"VALIDATION REPORT {progress._short(directory)}", progress.WIDTH,
                          break_long_words=True, break_on_hyphens=False)
-    return "\n".join(head) + "\n" + table
+    return "\n".join(head) + "\n" + (f"written {written}\n\n" if written else "") + table
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -369,5 +370,5 @@ def _report(args: argparse.Namespace) -> int:
         return code
     mtime = (directory / "report.json").stat().st_mtime
     written = datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
-    sys.stdout.write(_report_text(directory, report).replace("\n", f"\nwritten {written}\n\n", 1))
+    sys.stdout.write(_report_text(directory, report, written))
     return code
